@@ -54,13 +54,29 @@ def _flatten(steps: Sequence[Step]) -> Iterator[str]:
             yield step
 
 
-# The default pipeline, in Paddle-Lite's order: analysis, support check, graph rewrites (cleanup and folding,
-# eliminations, fusions, replacements, own-domain fusions), kernel pick and casts, memory planning.
+# The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
+#: Checks before any rewriting (every op has a kernel in some valid place).
+SUPPORT: tuple[str, ...] = ()
+#: Cleanup, constant and shape folding, eliminations, fusions into standard ops, replacements (levels 1-2),
+#: repeated together until nothing changes: a fusion often exposes an elimination and the other way round.
+SIMPLIFY: tuple[str, ...] = ()
+#: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
+DOMAIN_FUSE: tuple[str, ...] = ()
+#: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
+PLACE: tuple[str, ...] = ()
+#: Memory planning over the final execution order.
+MEMORY: tuple[str, ...] = ()
+
 DEFAULT = Pipeline(
     name="default",
     description="type inference, graph rewrites, kernel pick per place, casts, memory plan",
     steps=(
         "type_inference",
+        *SUPPORT,
+        FixedPoint("simplify", SIMPLIFY, max_iterations=8),
+        *DOMAIN_FUSE,
+        *PLACE,
+        *MEMORY,
     ),
 )
 
