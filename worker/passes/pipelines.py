@@ -66,7 +66,8 @@ REPLACE: tuple[str, ...] = ()
 #: other way round.
 SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
-DOMAIN_FUSE: tuple[str, ...] = ()
+DOMAIN_FUSE: tuple[str, ...] = ("shuffle_channel_fuse", "conv_activation_fuse", "gemm_activation_fuse",
+                                 "elementwise_activation_fuse")
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
 PLACE: tuple[str, ...] = ()
 #: Memory planning over the final execution order.
