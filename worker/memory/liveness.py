@@ -74,6 +74,8 @@ class InPlaceDecision:
     input: str
     output: str
     accepted: bool
+    #: Short name of the rule that decided ("accepted", "graph output", "read later", "broadcast", ...).
+    rule: str
     reason: str
 
 
@@ -103,6 +105,11 @@ class Liveness:
     #: Buffers in memory the arena does not own: their member values.
     external: tuple[tuple[str, ...], ...]
     decisions: tuple[InPlaceDecision, ...]
+
+
+def is_view_op(op_type: str, domain: str) -> bool:
+    """True when the op's first output is its first input's bytes (io_copy: when both sides share memory)."""
+    return (domain, op_type) == IO_COPY or (op_type in VIEW_OPS and domain in ("", "ai.onnx"))
 
 
 def live_profile(buffers: Iterable[Buffer], steps: int | None = None) -> LiveProfile:
@@ -195,10 +202,7 @@ class _Analysis:
 
     def _view_source(self, step: Step, slot: int, out: ValueFacts) -> str | None:
         """The input a view output aliases, if this output is a view."""
-        is_io_copy = (step.domain, step.op_type) == IO_COPY
-        if slot != 0 or not step.inputs or not step.inputs[0]:
-            return None
-        if not (is_io_copy or (step.op_type in VIEW_OPS and step.domain in ("", "ai.onnx"))):
+        if slot != 0 or not step.inputs or not step.inputs[0] or not is_view_op(step.op_type, step.domain):
             return None
         source = self._facts(step.inputs[0])
         if source.space != out.space:
@@ -212,35 +216,37 @@ class _Analysis:
         if slot != 0 or step.op_type not in ELEMENTWISE_OPS or step.domain not in ("", "ai.onnx"):
             return None
         for name in dict.fromkeys(n for n in step.inputs if n):
-            reason = self._in_place_refusal(index, name, out)
-            self.decisions.append(InPlaceDecision(step.node, name, out.name, reason is None,
-                                                  reason or "last use, same size, dtype and shape"))
-            if reason is None:
+            refusal = self._in_place_refusal(index, name, out)
+            rule, reason = refusal or ("accepted", "last use, same size, element type and shape")
+            self.decisions.append(InPlaceDecision(step.node, name, out.name, refusal is None, rule, reason))
+            if refusal is None:
                 return name
         return None
 
-    def _in_place_refusal(self, index: int, name: str, out: ValueFacts) -> str | None:
-        """Why ``out`` may not overwrite input ``name`` at step ``index``, or None when it may."""
+    def _in_place_refusal(self, index: int, name: str, out: ValueFacts) -> tuple[str, str] | None:
+        """(rule, sentence) saying why ``out`` may not overwrite input ``name`` at step ``index``."""
         source, group = self._facts(name), self._group(name)
         if out.role is not None:
-            return f"the output {out.name!r} is a {out.role}"
+            return out.role, f"the output {out.name!r} is a {out.role}"
         if group.role is not None:
-            return f"the input {name!r} is a {group.role}" if group.values[0] == name else \
-                f"the input {name!r} is a view of {group.values[0]!r}, a {group.role}"
+            if group.values[0] == name:
+                return group.role, f"the input {name!r} is a {group.role}"
+            return group.role, f"the input {name!r} is a view of {group.values[0]!r}, a {group.role}"
         if group.last > index:
-            return f"the input {name!r} is read again at step {group.last} " \
-                   f"(node {self.steps[group.last].node!r})"
+            return "read later", (f"the input {name!r} is read again at step {group.last} "
+                                  f"(node {self.steps[group.last].node!r})")
         if source.space != out.space:
-            return f"the input {name!r} is in memory space {source.space!r}, the output in {out.space!r}"
+            return "memory space", (f"the input {name!r} is in memory space {source.space!r}, "
+                                    f"the output in {out.space!r}")
         if source.dtype != out.dtype:
-            return f"the input {name!r} has element type {source.dtype}, the output {out.dtype}"
+            return "element type", f"the input {name!r} has element type {source.dtype}, the output {out.dtype}"
         if source.nbytes is None or out.nbytes is None:
-            return f"the size of {name!r} or {out.name!r} is not known"
+            return "size unknown", f"the size of {name!r} or {out.name!r} is not known"
         if source.shape != out.shape:
-            return f"the input {name!r} of shape {_shape_text(source.shape)} is broadcast to " \
-                   f"{_shape_text(out.shape)}"
+            return "broadcast", (f"the input {name!r} of shape {_shape_text(source.shape)} is broadcast to "
+                                 f"{_shape_text(out.shape)}")
         if source.nbytes != out.nbytes:
-            return f"the input {name!r} has {source.nbytes} bytes, the output {out.nbytes}"
+            return "size", f"the input {name!r} has {source.nbytes} bytes, the output {out.nbytes}"
         return None
 
     def _interval(self, group: _Group) -> Interval:

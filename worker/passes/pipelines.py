@@ -61,6 +61,7 @@ DEFAULT = Pipeline(
     description="type inference, graph rewrites, kernel pick per place, casts, memory plan",
     steps=(
         "type_inference",
+        "memory_plan",
     ),
 )
 
