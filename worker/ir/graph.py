@@ -221,6 +221,13 @@ class Graph:
         value.name = new_name
         home._register_value(value)
 
+    def rename_fresh(self, value: Value, base: str) -> str:
+        """Rename ``value`` to a fresh name derived from ``base``; returns the name."""
+        name = self.names.fresh(base, self.names.values)
+        self.names.values.discard(name)  # reserved by fresh(); rename_value registers it
+        self.rename_value(value, name)
+        return name
+
     # --- node list ---------------------------------------------------------------------------------
     def _register_node(self, node: Node) -> None:
         if node.graph is not None:
@@ -376,7 +383,7 @@ class Graph:
                 return False
             self.replace_all_uses(old, new)
             name = old.name
-            self.rename_value(old, self.names.fresh(name + "_replaced", self.names.values))
+            self.rename_fresh(old, name + "_replaced")
             self.rename_value(new, name)
             if old.shape is not None:
                 new.shape = old.shape

@@ -320,6 +320,9 @@ def _domain(domain: str) -> str:
 
 def type_from_proto(type_proto: onnx.TypeProto) -> tuple[int, Shape | None, onnx.TypeProto | None]:
     """(dtype, shape, None) for a tensor type; (0, None, the proto) for sequences, maps and optionals."""
+    kind = type_proto.WhichOneof("value")
+    if kind is None:
+        return 0, None, None  # declared without a type: unknown
     if type_proto.HasField("tensor_type"):
         tensor = type_proto.tensor_type
     elif type_proto.HasField("sparse_tensor_type"):

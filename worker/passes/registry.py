@@ -67,7 +67,7 @@ def register_pass(*, name: str, kind: PassKind | str, description: str, level: i
 
     ``kernels`` lists (op_type, domain) pairs, or "domain.op" / "op" strings.
     """
-    registry = registry or REGISTRY
+    registry = REGISTRY if registry is None else registry
     if not description or "\n" in description:
         raise ValueError(f"pass {name!r} needs a one-line description")
 
