@@ -36,16 +36,16 @@ class GraphPlan:
 
 
 def plan_graph(graph: Graph, sizing: Sizing, outer_constants: frozenset[str] = frozenset(),
-               outer_causes: Mapping[str, frozenset[Cause]] = {}) -> GraphPlan:
+               outer_causes: tuple[Mapping, Mapping] = ({}, {})) -> GraphPlan:
     """Plan ``graph``'s intermediates per memory space, its bodies first."""
     constants = constant_values(graph, outer_constants)
-    causes = unknown_causes(graph, sizing, outer_causes)
+    causes, content = unknown_causes(graph, sizing, *outer_causes)
     scratch: dict[str, dict[str, int]] = {}
     blocked: dict[str, list[dict]] = {}
     bodies = []
     for node in graph:
         if node.subgraphs():
-            plans = [plan_graph(b, sizing, frozenset(constants), causes) for b in node.subgraphs()]
+            plans = [plan_graph(b, sizing, frozenset(constants), (causes, content)) for b in node.subgraphs()]
             bodies += plans
             scratch[node.name] = _body_charge(plans)
             for entry in _body_unplanned(node, plans):
@@ -124,7 +124,7 @@ def _unsized_entries(liveness: Liveness, facts, causes: Mapping[str, frozenset[C
 def _cause_entry(space: str, cause: Cause, names: list[str]) -> dict:
     entry = {"space": space, "kind": cause.kind, "reason": cause.reason(), "values": names[:LISTED_VALUES],
              "value_count": len(names)}
-    if cause.kind == "symbolic_dims":
+    if cause.kind in ("symbolic_dims", "computed_from_dims") and cause.op != "graph input":
         entry["dims"] = [cause.key]
     else:
         entry.update(value=cause.key, node=cause.node, op=cause.op)
@@ -162,12 +162,33 @@ def _is_weight_view(value) -> bool:
     return source is not None and value_space(source) == value_space(value)
 
 
-def io_bytes(graph: Graph, sizing: Sizing) -> int | None:
-    """Exact bytes of the graph inputs and outputs, None when one of them has an unknown size."""
+def _io_values(graph: Graph) -> list:
     values = {v.name: v for v in graph.inputs if not v.is_initializer}
     values.update((v.name, v) for v in graph.outputs)
-    sizes = [sizing.nbytes(v) for v in values.values()]
+    return list(values.values())
+
+
+def io_bytes(graph: Graph, sizing: Sizing) -> int | None:
+    """Exact bytes of the graph inputs and outputs, None when one of them has an unknown size."""
+    sizes = [sizing.nbytes(v) for v in _io_values(graph)]
     return None if None in sizes else sum(sizes)
+
+
+def _io_unknown_entries(graph: Graph, sizing: Sizing) -> list[dict]:
+    """Why ``io_bytes`` is null: the graph inputs and outputs whose size is unknown."""
+    entries = []
+    for value in _io_values(graph):
+        if sizing.nbytes(value) is None:
+            kind = "graph input" if value.is_graph_input else "graph output"
+            entries.append({"space": value_space(value), "kind": "io", "value": value.name,
+                            "values": [value.name], "value_count": 1,
+                            "reason": f"{kind} {value.name!r} has shape {_shape_text(sizing.shape(value))} "
+                                      f"and element type {value.dtype}: its size, and so io_bytes, is unknown"})
+    return entries
+
+
+def _shape_text(shape) -> str:
+    return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def macs_report(graph: Graph, sizing: Sizing) -> dict:
@@ -195,7 +216,7 @@ def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}) -> tuple[d
         "io_bytes": io_bytes(graph, sizing),
         "paddle_lite_style_bytes": {a.space: a.paddle_lite_style_bytes for a in arenas},
         "macs": macs_report(graph, sizing),
-        "unplanned": plan.unplanned,
+        "unplanned": plan.unplanned + _io_unknown_entries(graph, sizing),
     }
     return section, plan
 

@@ -21,3 +21,24 @@ def arena_report(plan: ArenaPlan, node_names: Sequence[str] = ()) -> dict:
         "values": [{"name": p.buffer.id, "offset": p.offset, "size": p.buffer.size,
                     "first": p.buffer.first, "last": p.buffer.last} for p in plan.placements],
     }
+
+
+def memory_summary(memory: dict) -> str:
+    """A few lines for the CLI: each arena against its bound and Paddle-Lite, weights, MACs, unplanned."""
+    from worker.memory.timeline_svg import human_bytes
+
+    lines = []
+    for arena in memory["arenas"]:
+        paddle = memory["paddle_lite_style_bytes"].get(arena["space"])
+        lines.append(f"memory {arena['space']}: arena {human_bytes(arena['arena_bytes'])} "
+                     f"(lower bound {human_bytes(arena['lower_bound_bytes'])}, ratio {arena['ratio']:.3f}; "
+                     f"Paddle-Lite-style {human_bytes(paddle)}; no reuse {human_bytes(arena['naive_bytes'])}), "
+                     f"peak at step {arena['peak_step']} ({arena['peak_node']})")
+    weights = ", ".join(f"{space} {human_bytes(n)}" for space, n in memory["weights_bytes"].items())
+    io = "unknown" if memory["io_bytes"] is None else human_bytes(memory["io_bytes"])
+    macs = f"{memory['macs']['total']:,}"
+    if memory["macs"]["unknown"]:
+        macs += f" (not counting {len(memory['macs']['unknown'])} node(s) whose shapes are unknown)"
+    lines.append(f"weights: {weights or 'none'}; inputs and outputs: {io}; MACs: {macs}")
+    lines += [f"not planned ({entry['space']}): {entry['reason']}" for entry in memory["unplanned"]]
+    return "\n".join(lines)

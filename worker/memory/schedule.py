@@ -14,7 +14,7 @@ from typing import Mapping
 
 from worker.ir import Graph, Node, Value
 from worker.memory.liveness import Step, ValueFacts
-from worker.memory.sizing import Sizing
+from worker.memory.sizing import Sizing, is_computed
 
 #: Ops that give a different result on every run, so their output is never a load-time constant.
 _RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -26,11 +26,6 @@ def value_space(value: Value) -> str:
     if place is None and value.producer is not None:
         place = value.producer.place
     return place.target.memory_space if place is not None else "host"
-
-
-def is_computed(value: Value) -> bool:
-    """False for an omitted optional output (the reader names it unused_output...): nothing computes it."""
-    return value.is_used or not value.name.startswith("unused_output")
 
 
 def constant_values(graph: Graph, outer: frozenset[str] = frozenset()) -> set[str]:

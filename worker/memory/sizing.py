@@ -43,7 +43,7 @@ class Cause:
     computed from data. Everything downstream inherits the cause.
     """
 
-    kind: str  # "symbolic_dims", "data_dependent", "untyped"
+    kind: str  # "symbolic_dims", "computed_from_dims", "data_dependent", "untyped"
     key: str  # the dim name; the input, or the value whose size starts the unknown
     node: str = ""
     op: str = ""
@@ -55,10 +55,13 @@ class Cause:
         if self.kind == "symbolic_dims":
             return (f"dim {self.key!r} of a graph input is symbolic: give static input shapes "
                     f"(--input-shape) or an upper bound (--dim-bound {self.key}=N)")
+        if self.kind == "computed_from_dims":
+            return (f"sizes computed from the value of {self.key!r} (through Shape) cannot follow its bound: "
+                    f"give static input shapes (--input-shape)")
         if self.kind == "data_dependent":
             return (f"the size of {self.key!r} ({self.op} node {self.node!r}) depends on the input data: "
                     f"give an upper bound with --dim-bound {self.key}=N")
-        return f"the type of {self.key!r} ({self.op} node {self.node!r}) is not known"
+        return f"type inference found no shape or element type for {self.key!r} ({self.op} node {self.node!r})"
 
 
 class Sizing:
@@ -67,6 +70,7 @@ class Sizing:
     def __init__(self, symbol_bounds: Mapping[str, int], value_bounds: Mapping[str, int]):
         self.symbol_bounds = dict(symbol_bounds)
         self.value_bounds = dict(value_bounds)
+        self._nbytes: dict[str, int | None] = {}  # one Sizing serves one pass run over an unchanging graph
 
     @classmethod
     def from_bounds(cls, graph: Graph, bounds: Mapping[str, int]) -> "Sizing":
@@ -91,12 +95,17 @@ class Sizing:
         if value.shape is None:
             return None
         bound = self.value_bounds.get(value.name)
-        return tuple(d if isinstance(d, int) else
-                     self.symbol_bounds.get(d, bound) if isinstance(d, str) else bound
+        return tuple(d if isinstance(d, int) else bound if bound is not None else self.symbol_bounds.get(d, d)
+                     if isinstance(d, str) else None
                      for d in value.shape)
 
     def nbytes(self, value: Value) -> int | None:
         """Exact bytes of a tensor value, None when a dim or the element size is unknown."""
+        if value.name not in self._nbytes:
+            self._nbytes[value.name] = self._compute_nbytes(value)
+        return self._nbytes[value.name]
+
+    def _compute_nbytes(self, value: Value) -> int | None:
         if value.type_proto is not None:
             return None
         shape = self.shape(value)
@@ -126,19 +135,48 @@ def _unknown_bound_message(name: str, symbols: set[str], open_values: Mapping[st
     return message + f"; candidates: {', '.join(repr(n) for n in names)}"
 
 
-def unknown_causes(graph: Graph, sizing: Sizing, outer: Mapping[str, frozenset[Cause]] = {}
-                   ) -> dict[str, frozenset[Cause]]:
-    """For every value of ``graph`` without a size, the causes it inherits or starts."""
+def unknown_causes(graph: Graph, sizing: Sizing, outer: Mapping[str, frozenset[Cause]] = {},
+                   outer_content: Mapping[str, frozenset[Cause]] = {}
+                   ) -> tuple[dict[str, frozenset[Cause]], dict[str, frozenset[Cause]]]:
+    """For every value of ``graph`` without a size, the causes it inherits or starts.
+
+    Sizes also depend on values computed from shapes (Shape -> Gather -> Concat -> Reshape), so a second
+    map follows the symbolic dims that flow through such values; a node whose output size is unknown while
+    its inputs' sizes are known inherits those, and only without them is its output data-dependent.
+    Returns (size causes, content causes).
+    """
     causes: dict[str, frozenset[Cause]] = dict(outer)
+    content: dict[str, frozenset[Cause]] = dict(outer_content)
     for value in graph.inputs:
         if sizing.nbytes(value) is None and not value.is_initializer:
             causes[value.name] = _input_causes(value, sizing)
     for node in graph:
-        inherited = frozenset().union(*(causes.get(v.name, frozenset()) for v in _reads(node)))
+        reads = list(_reads(node))
+        inherited = frozenset().union(*(causes.get(v.name, frozenset()) for v in reads))
+        carried = frozenset().union(*(content.get(v.name, frozenset()) for v in reads))
+        if node.domain == "" and node.op_type in ("Shape", "Size") and node.input(0) is not None:
+            carried |= _shape_causes(node.input(0), sizing, causes)
         for value in node.outputs:
-            if value.is_used and sizing.nbytes(value) is None:
-                causes[value.name] = inherited or frozenset({_origin(node, value)})
-    return causes
+            if carried:
+                content[value.name] = carried
+            if is_computed(value) and sizing.nbytes(value) is None:
+                causes[value.name] = inherited or carried or frozenset({_origin(node, value)})
+    return causes, content
+
+
+def is_computed(value: Value) -> bool:
+    """False for an omitted optional output (the reader names it unused_output...): nothing computes it."""
+    return value.is_used or not value.name.startswith("unused_output")
+
+
+def _shape_causes(value: Value, sizing: Sizing, causes: Mapping[str, frozenset[Cause]]) -> frozenset[Cause]:
+    """Why the shape of ``value``, read as data, is not known at optimization time."""
+    if value.shape is not None and all(isinstance(d, int) for d in value.shape):
+        return frozenset()
+    if value.name in causes:
+        return causes[value.name]
+    named = frozenset(Cause("computed_from_dims", d) for d in value.shape or () if isinstance(d, str))
+    return named or frozenset({Cause("computed_from_dims", value.name)})
 
 
 def _reads(node: Node) -> Iterable[Value]:
