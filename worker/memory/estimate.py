@@ -22,6 +22,8 @@ from worker.memory.sizing import Cause, Sizing, unknown_causes
 
 #: How many value names an unplanned entry lists (the count is always given).
 LISTED_VALUES = 10
+#: Unplanned kinds that leave their arena planned: the value is left out, not the arena.
+NON_BLOCKING = frozenset({"unread_output", "io"})
 
 
 @dataclass
@@ -58,7 +60,9 @@ def plan_graph(graph: Graph, sizing: Sizing, outer_constants: frozenset[str] = f
     for entry in unplanned:
         blocked.setdefault(entry["space"], [])
     unplanned += [e for entries in blocked.values() for e in entries]
+    # Values left out of a body plan are listed as they are; they block nothing here either.
     unplanned += [_left_out_entry(value) for value in left_out]
+    unplanned += [e for plan in bodies for e in plan.unplanned if e["kind"] in NON_BLOCKING]
     arenas = {space: plan_arena(space, buffers, len(steps), _naive_bytes(liveness, facts, space))
               for space, buffers in _buffers_by_space(liveness).items() if space not in blocked}
     return GraphPlan(arenas, unplanned, liveness, [s.node for s in steps], bodies)
@@ -100,9 +104,11 @@ def _body_charge(plans: list[GraphPlan]) -> dict[str, int]:
 
 
 def _body_unplanned(node: Node, plans: list[GraphPlan]) -> list[dict]:
+    """Entries blocking the parent's spaces where a body's arena is unknown (left-out values do not)."""
+    blocking = [e for plan in plans for e in plan.unplanned if e["kind"] not in NON_BLOCKING]
     entries = []
-    for space in sorted({e["space"] for plan in plans for e in plan.unplanned}):
-        reasons = sorted({e["reason"] for plan in plans for e in plan.unplanned if e["space"] == space})
+    for space in sorted({e["space"] for e in blocking}):
+        reasons = sorted({e["reason"] for e in blocking if e["space"] == space})
         entries.append({"space": space, "kind": "subgraph", "node": node.name, "op": node.op_type,
                         "reason": f"a body of {node.op_type} node {node.name!r} could not be planned: "
                                   + "; ".join(reasons)})

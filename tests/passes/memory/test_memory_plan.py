@@ -280,3 +280,25 @@ def test_macs_per_node_and_total_including_fused_ops(tmp_path, domain_ops):
     expected = {"conv": 4 * 64 * 27, "fused": 2 * 64 * 4, "gemm": 10 * 128, "matmul": 5 * 10}
     assert {n["node"]: n["macs"] for n in memory["macs"]["nodes"]} == expected
     assert memory["macs"]["total"] == sum(expected.values()) and memory["macs"]["unknown"] == []
+
+
+def test_a_body_that_cannot_be_planned_leaves_its_parents_space_unplanned(tmp_path):
+    then_body = helper.make_graph(
+        [helper.make_node("NonZero", ["a"], ["nz"], name="then_nonzero"),
+         helper.make_node("ReduceSum", ["nz"], ["then_out"], name="then_sum", keepdims=0)],
+        "then", [], [vinfo("then_out", T.INT64, [])])
+    else_body = helper.make_graph([helper.make_node("ReduceMax", ["a_int"], ["else_out"], name="else_max",
+                                                    keepdims=0)],
+                                  "else", [], [vinfo("else_out", T.INT64, [])])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Cast", ["a"], ["a_int"], name="cast", to=T.INT64),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then_body, else_branch=else_body)]
+    model = make_model(nodes, [vinfo("x", shape=[1, 64]), vinfo("cond", T.BOOL, [])],
+                       [vinfo("y", T.INT64, [])])
+    memory, _ = plan(tmp_path, model)
+    assert memory["arenas"] == []
+    (entry,) = [e for e in memory["unplanned"] if e["kind"] == "subgraph"]
+    assert (entry["node"], entry["op"]) == ("if", "If")
+    assert "the size of 'nz' (NonZero node 'then_nonzero') depends on the input data" in entry["reason"]
+    bounded, _ = plan(tmp_path, model, dim_bounds={"nz": 10})
+    assert spans(bounded)["if:scratch:host"] == (2, 2, 192)  # nz: 2 x 10 int64 = 160 bytes, aligned

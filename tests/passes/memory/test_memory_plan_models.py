@@ -54,3 +54,13 @@ def test_vgg19_macs_match_the_published_figure():
     # Simonyan & Zisserman: VGG-19 needs 19.6 billion multiply-adds for a 224 x 224 image.
     path = next(p for p in all_models() if p.stem == "light_vgg19")
     assert memory_of(path)["macs"]["total"] == pytest.approx(19.6e9, rel=0.01)
+
+
+def test_an_unread_output_of_unknown_size_is_left_out_without_blocking_the_arena():
+    # light_squeezenet (opset 9) has a Dropout whose mask nobody reads and whose type onnx does not infer.
+    path = next(p for p in all_models() if p.stem == "light_squeezenet")
+    memory = memory_of(path)
+    (entry,) = memory["unplanned"]
+    assert (entry["kind"], entry["op"]) == ("unread_output", "Dropout")
+    assert memory["arenas"][0]["space"] == "host"
+    assert entry["value"] not in {v["name"] for v in memory["arenas"][0]["values"]}
