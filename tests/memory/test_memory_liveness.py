@@ -89,6 +89,15 @@ def test_an_elementwise_op_writes_over_its_input_at_its_last_use():
     assert [d.accepted for d in liveness.decisions] == [True, True]
 
 
+def test_fused_elementwise_ops_of_the_mirserve_domain_write_in_place_too():
+    steps = [Step("n0", "Conv", ("x",), ("a",)), Step("n1", "FusedAddRelu", ("a", "b"), ("c",), "mirserve"),
+             Step("n2", "FusedMatMulRelu", ("c", "w"), ("d",), "mirserve"), Step("n3", "Softmax", ("d",), ("y",))]
+    facts = facts_of(fact("x", [8], role="graph input"), fact("b", [8], role="graph input"),
+                     fact("w", [8, 8], role="initializer"), fact("a", [8]), fact("c", [8]), fact("d", [8]),
+                     fact("y", [8], role="graph output"))
+    assert intervals_by_id(analyze(steps, facts)) == {"a": (("a", "c"), 0, 2), "d": (("d",), 2, 3)}
+
+
 def test_in_place_is_refused_when_the_output_is_a_graph_output():
     steps = [Step("n0", "Conv", ("x",), ("a",)), Step("n1", "Relu", ("a",), ("y",))]
     facts = facts_of(fact("x", [8], role="graph input"), fact("a", [8]), fact("y", [8], role="graph output"))

@@ -5,10 +5,11 @@ If/Loop body and hand-written tests. Values that share memory are merged into on
 
 - A view (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout's first output, io_copy inside one memory
   space) always reuses its input's buffer: the bytes are the same, only the shape or the place label changes.
-- An elementwise op may write over one of its inputs only when that is the input buffer's last use (no view of
-  it is read later either), sizes and dtypes match, that input is not broadcast (its shape is the output's; a
-  broadcast *other* operand, such as a bias, does not matter), both sit in the same space, and neither side is
-  a graph input, graph output or initializer. Every refusal is kept with its reason.
+- An elementwise op (standard, or a mirserve ``Fused<Add|Mul|...><Act>``) may write over one of its inputs
+  only when that is the input buffer's last use (no view of it is read later either), sizes and dtypes
+  match, that input is not broadcast (its shape is the output's; a broadcast *other* operand, such as a
+  bias, does not matter), both sit in the same space, and neither side is a graph input, graph output or
+  initializer. Every refusal is kept with its reason.
 
 A buffer that contains a graph input, output, initializer or constant lives in memory the arena does not own,
 so it is reported apart (io and weights) and not planned.
@@ -105,6 +106,16 @@ class Liveness:
     #: Buffers in memory the arena does not own: their member values.
     external: tuple[tuple[str, ...], ...]
     decisions: tuple[InPlaceDecision, ...]
+
+
+#: Elementwise ops the mirserve domain fuses with an activation (FusedAddRelu, ...): elementwise as a whole.
+FUSABLE_ELEMENTWISE = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum")
+
+
+def is_elementwise_op(op_type: str, domain: str) -> bool:
+    if domain in ("", "ai.onnx"):
+        return op_type in ELEMENTWISE_OPS
+    return domain == "mirserve" and op_type.startswith("Fused") and op_type[5:].startswith(FUSABLE_ELEMENTWISE)
 
 
 def is_view_op(op_type: str, domain: str) -> bool:
@@ -213,7 +224,7 @@ class _Analysis:
 
     def _in_place_source(self, index: int, step: Step, slot: int, out: ValueFacts) -> str | None:
         """The first input the elementwise output may overwrite; every refusal is recorded."""
-        if slot != 0 or step.op_type not in ELEMENTWISE_OPS or step.domain not in ("", "ai.onnx"):
+        if slot != 0 or not is_elementwise_op(step.op_type, step.domain):
             return None
         for name in dict.fromkeys(n for n in step.inputs if n):
             refusal = self._in_place_refusal(index, name, out)
