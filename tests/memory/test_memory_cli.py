@@ -36,9 +36,9 @@ def test_memory_timeline_draws_every_arena_and_the_summary_names_the_figures(tmp
     (arena,) = memory["arenas"]
     root = ET.fromstring(svg.read_text())
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert any(t.startswith(f"peak ") and f"at step {arena['peak_step']} ({arena['peak_node']})" in t
+    assert any(t.startswith("peak ") and f"at step {arena['peak_step']} ({arena['peak_node']})" in t
                for t in texts)
-    assert f"memory host: arena " in out and "Paddle-Lite-style" in out and "MACs: " in out
+    assert "memory host: arena " in out and "Paddle-Lite-style" in out and "MACs: " in out
 
 
 def test_dim_bound_plans_a_symbolic_batch(symbolic_batch_model, tmp_path, capsys):
