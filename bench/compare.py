@@ -1,0 +1,371 @@
+"""Benchmark mirserve against the peer ONNX optimizers on every corpus and light model, and a 575 MB VGG-19.
+
+For each model: mirserve ``--portable`` and default (``--no-verify``, each a child process whose wall time and
+peak resident memory are its own), the peers (onnxoptimizer, onnxsim, onnxslim, onnxruntime basic/extended,
+run by ../shared/bench/peers.py, whose JSON is parsed), and a plain ``onnx.load`` + ``onnx.save`` child. One
+table: top-level node count, wall seconds, peak RSS, output bytes, max abs difference from the input model on
+onnxruntime (seeded random inputs, graph optimizations off); then the issue's goals, each met or missed by
+how much. ``--markdown BENCHMARKS.md`` also writes the table with the command and the machine.
+
+Usage: python bench/compare.py [--only NAME ...] [--no-peers] [--markdown BENCHMARKS.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The project runs from its checkout (it need not be installed): this process and its children import it.
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+#: Static shapes for the corpus models with dynamic inputs, as the corpus README gives them.
+CORPUS_SHAPES = {
+    "bert_small_dyn.onnx": {"input_ids": [2, 64], "attention_mask": [2, 64]},
+    "ch_PP-OCRv4_det_infer.onnx": {"x": [1, 3, 640, 640]},
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": {"x": [1, 3, 48, 192]},
+    "cls_qdq.onnx": {"x": [1, 3, 48, 192]},
+}
+LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
+         "vgg19", "zfnet512"]
+PEERS = ["onnxoptimizer", "onnxsim", "onnxslim", "ort_basic", "ort_extended"]
+BIG = "vgg19_575MB"
+
+
+@dataclass
+class Row:
+    tool: str
+    nodes: int | None = None
+    seconds: float | None = None
+    peak_mb: float | None = None
+    bytes: int | None = None
+    diff: float | str | None = None
+    #: The whole child process, interpreter start and imports included (mirserve and load+save only).
+    process_seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class ModelRuns:
+    name: str
+    path: Path
+    shapes: dict
+    rows: dict[str, Row] = field(default_factory=dict)
+
+
+# --- where things are -------------------------------------------------------------------------------------
+def sibling(*parts: str) -> Path:
+    """``../shared/...`` beside the checkout or one of its parents (git worktrees sit deeper)."""
+    for parent in REPO.parents:
+        candidate = parent.joinpath("shared", *parts)
+        if candidate.exists():
+            return candidate
+    return REPO.parent.joinpath("shared", *parts)
+
+
+def light_dir() -> Path:
+    import onnx
+    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def all_models(corpus: Path, big: Path) -> list[ModelRuns]:
+    models = [ModelRuns(Path(name).stem, corpus / name, shapes) for name, shapes in CORPUS_SHAPES.items()]
+    models += [ModelRuns(f"light_{name}", light_dir() / f"light_{name}.onnx", {}) for name in LIGHT]
+    return models + [ModelRuns(BIG, big, {})]
+
+
+def ensure_big_model(path: Path) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(REPO / "bench" / "make_big_model.py"), str(path), "--random"],
+                       check=True)
+
+
+# --- measuring a child process ------------------------------------------------------------------------------
+#: Children time themselves the way peers.py times the peers: from after ``import onnx`` (interpreter start
+#: and onnx's import excluded, the tool's own imports included) to the written file. They print the seconds.
+TIMED_MIRSERVE = """import sys, time, json
+import onnx
+started = time.perf_counter()
+from worker.cli import main
+status = main(sys.argv[1:])
+print(json.dumps({"seconds": time.perf_counter() - started}))
+sys.exit(status)
+"""
+TIMED_LOAD_SAVE = """import sys, time, json
+import onnx
+started = time.perf_counter()
+onnx.save(onnx.load(sys.argv[1]), sys.argv[2])
+print(json.dumps({"seconds": time.perf_counter() - started}))
+"""
+
+
+@dataclass
+class Child:
+    process_seconds: float
+    peak_mb: float
+    status: int
+    seconds: float | None  # as the child timed itself
+    error: str
+
+
+def measured(command: list[str], timeout: float, cwd: Path = REPO) -> Child:
+    """Run ``command`` with its peak RSS read from wait4 (its own, not this process's)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=err)
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - started > timeout:
+                child.kill()
+                pid, status, usage = os.wait4(child.pid, 0)
+                break
+            time.sleep(0.005)
+        wall = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        lines = out.read().decode(errors="replace").strip().splitlines()
+        tail = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+    seconds = json.loads(lines[-1])["seconds"] if child.returncode == 0 and lines else None
+    return Child(wall, usage.ru_maxrss / 1024, child.returncode, seconds, tail)
+
+
+def count_nodes(path: Path) -> int:
+    import onnx
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def output_bytes(path: Path) -> int:
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
+def max_abs_diff(original: Path, optimized: Path, shapes: dict) -> float | str:
+    """Largest absolute difference over all outputs on one seeded random input (mirserve's own checker)."""
+    from worker.errors import VerificationError
+    from worker.numeric import verify
+    try:
+        report = verify(str(original), str(optimized), input_shapes=shapes, runs=1, rtol=1e30, atol=1e30)
+    except VerificationError as exc:
+        return f"error: {str(exc)[:100]}"
+    if report.get("passed") is None:
+        return f"not run: {report.get('skipped', '')[:80]}"
+    return max((o["max_abs_diff"] or 0.0 for o in report["outputs"]), default=0.0)
+
+
+# --- the tools ----------------------------------------------------------------------------------------------
+def run_mirserve(model: ModelRuns, portable: bool, work: Path, timeout: float) -> Row:
+    tool = "mirserve --portable" if portable else "mirserve"
+    out = work / f"{model.name}.{'portable' if portable else 'default'}.onnx"
+    command = [sys.executable, "-c", TIMED_MIRSERVE, "optimize", str(model.path), "-o", str(out), "--no-verify",
+               "--quiet"] + (["--portable"] if portable else [])
+    for name, dims in model.shapes.items():
+        command += ["--input-shape", f"{name}={','.join(map(str, dims))}"]
+    child = measured(command, timeout)
+    if child.status != 0 or not out.exists():
+        return Row(tool, error=child.error[:160] or f"exit status {child.status}")
+    return Row(tool, count_nodes(out), child.seconds, child.peak_mb, output_bytes(out),
+               max_abs_diff(model.path, out, model.shapes), child.process_seconds)
+
+
+def run_load_save(model: ModelRuns, work: Path, timeout: float) -> Row:
+    out = work / f"{model.name}.load_save.onnx"
+    child = measured([sys.executable, "-c", TIMED_LOAD_SAVE, str(model.path), str(out)], timeout)
+    if child.status != 0:
+        return Row("onnx load+save", error=child.error[:160])
+    return Row("onnx load+save", count_nodes(out), child.seconds, child.peak_mb, output_bytes(out), 0.0,
+               child.process_seconds)
+
+
+def run_peers(model: ModelRuns, peers_script: Path, timeout: float) -> list[Row]:
+    command = [sys.executable, str(peers_script), str(model.path), "--timeout", str(int(timeout))]
+    for name, dims in model.shapes.items():
+        command += ["--shape", f"{name}={','.join(map(str, dims))}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout * (len(PEERS) + 2))
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [Row(peer, error=tail[:160]) for peer in PEERS]
+    rows = []
+    for entry in json.loads(lines[-1])["rows"]:
+        if entry["peer"] == "original":
+            rows.append(Row("original", entry["nodes"], bytes=entry["bytes"]))
+        elif "error" in entry:
+            rows.append(Row(entry["peer"], error=entry["error"]))
+        else:
+            rows.append(Row(entry["peer"], entry["nodes"], entry["seconds"], entry["peak_rss_mb"], entry["bytes"],
+                            entry.get("max_abs_diff")))
+    return rows
+
+
+# --- goals --------------------------------------------------------------------------------------------------
+def _ok(row: Row | None) -> bool:
+    return row is not None and row.error is None and row.nodes is not None
+
+
+def goals(model: ModelRuns) -> list[tuple[bool, str]]:
+    """The issue's done-when figures for one model: (met, sentence)."""
+    rows, found = model.rows, []
+    portable, default = rows.get("mirserve --portable"), rows.get("mirserve")
+    basic = [rows[p] for p in ("onnxoptimizer", "onnxsim", "onnxslim", "ort_basic") if _ok(rows.get(p))]
+    if _ok(portable) and basic:
+        best = min(basic, key=lambda r: r.nodes)
+        found.append((portable.nodes <= best.nodes, f"--portable {portable.nodes} nodes vs the smallest peer "
+                                                    f"{best.nodes} ({best.tool})"))
+    if _ok(default) and _ok(rows.get("ort_extended")):
+        extended = rows["ort_extended"].nodes
+        found.append((default.nodes <= extended, f"default {default.nodes} nodes vs ort_extended {extended}"))
+    ours = [r for r in (portable, default) if _ok(r)]
+    for peer in ("onnxsim", "onnxslim"):
+        if ours and _ok(rows.get(peer)):
+            slowest = max(r.seconds for r in ours)
+            found.append((slowest < rows[peer].seconds, f"mirserve {slowest:.2f} s (slower mode) vs {peer} "
+                                                        f"{rows[peer].seconds:.2f} s"))
+    plain = rows.get("onnx load+save")
+    if model.name == BIG and _ok(plain) and ours:
+        size_mb = model.path.stat().st_size / 2**20
+        slowest, peak = max(r.seconds for r in ours), max(r.peak_mb for r in ours)
+        found.append((slowest <= 1.5 * plain.seconds, f"mirserve {slowest:.2f} s vs 1.5 x load+save "
+                                                       f"{1.5 * plain.seconds:.2f} s"))
+        found.append((peak <= 1.5 * size_mb, f"mirserve peak RSS {peak:.0f} MiB vs 1.5 x model size "
+                                              f"{1.5 * size_mb:.0f} MiB"))
+    return found
+
+
+# --- output -------------------------------------------------------------------------------------------------
+ORDER = ["original", "onnx load+save", "onnxoptimizer", "onnxsim", "onnxslim", "ort_basic", "ort_extended",
+         "mirserve --portable", "mirserve"]
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return ""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def _diff(value) -> str:
+    if value is None:
+        return ""
+    return value.replace("|", "/")[:60] if isinstance(value, str) else f"{value:.2g}"
+
+
+def table(models: list[ModelRuns]) -> str:
+    lines = ["| model | tool | nodes | wall s | (process s) | peak RSS MiB | output | max abs diff |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for model in models:
+        first = True
+        for tool in ORDER:
+            row = model.rows.get(tool)
+            if row is None:
+                continue
+            name = model.name if first else ""
+            first = False
+            if row.error:
+                lines.append(f"| {name} | {tool} | failed: {row.error.replace('|', '/')[:100]} | | | | | |")
+                continue
+            seconds = "" if row.seconds is None else f"{row.seconds:.2f}"
+            peak = "" if row.peak_mb is None else f"{row.peak_mb:.0f}"
+            process = "" if row.process_seconds is None else f"({row.process_seconds:.2f})"
+            lines.append(f"| {name} | {tool} | {row.nodes} | {seconds} | {process} | {peak} | {_size(row.bytes)} "
+                         f"| {_diff(row.diff)} |")
+    return "\n".join(lines)
+
+
+def goal_lines(models: list[ModelRuns]) -> list[str]:
+    lines = []
+    for model in models:
+        for met, sentence in goals(model):
+            lines.append(f"- {'met' if met else '**MISSED**'} · {model.name}: {sentence}")
+    return lines
+
+
+def machine() -> str:
+    from importlib.metadata import version
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    ram = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), 0.0)
+    packages = ", ".join(f"{p} {version(p)}" for p in ("onnx", "onnxruntime", "onnxoptimizer", "onnxsim",
+                                                       "onnxslim", "numpy"))
+    return (f"{cpu}, {os.cpu_count()} cores, {ram:.0f} GiB RAM, {platform.system()} {platform.release()}; "
+            f"Python {platform.python_version()}; {packages}")
+
+
+def markdown(models: list[ModelRuns], command: str) -> str:
+    return "\n".join([
+        "# Benchmark: mirserve and the peer ONNX optimizers", "",
+        f"Command (from the repository root): `{command}`", "",
+        f"Machine: {machine()}", "",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}, git {_git_head()}", "",
+        "Nodes are top-level nodes (If/Loop bodies not counted). Every tool runs in its own child process and "
+        "is timed as `peers.py` times the peers: from after `import onnx` to the written file (the tool's own "
+        "imports included); `(process s)` is the whole mirserve or load+save child, interpreter start "
+        "included. mirserve runs with `--no-verify`. Peak RSS is each child's own maximum resident set "
+        "(wait4 for mirserve and load+save, getrusage in the child for the peers). Max abs diff: largest difference from the input model over all outputs, "
+        "onnxruntime with graph optimizations off, one seeded random input (the peers' from peers.py, "
+        "mirserve's from its own checker). The light models compute their weights with ConstantOfShape, so "
+        f"their outputs barely depend on the input; `{BIG}` is VGG-19 with 548 MB of random float32 weights "
+        "(`bench/make_big_model.py --random`).", "",
+        table(models), "", "## Goals (issue 3, done-when)", "", *goal_lines(models), "",
+    ])
+
+
+def _git_head() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="model name (repeatable), e.g. light_resnet50")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers (quick mirserve figures)")
+    parser.add_argument("--corpus", type=Path, default=Path(os.environ.get("MIRSERVE_CORPUS") or sibling("corpus")))
+    parser.add_argument("--peers-script", type=Path, default=sibling("bench", "peers.py"))
+    parser.add_argument("--big-model", type=Path, default=Path(tempfile.gettempdir()) / "mirserve-bench" /
+                        "vgg19_random.onnx", help="where the 575 MB VGG-19 is (built there when missing)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run")
+    parser.add_argument("--markdown", type=Path, help="also write the table, command and machine here")
+    args = parser.parse_args()
+    models = [m for m in all_models(args.corpus, args.big_model) if not args.only or m.name in args.only]
+    if any(m.name == BIG for m in models):
+        ensure_big_model(args.big_model)
+    with tempfile.TemporaryDirectory(prefix="mirserve-bench-") as tmp:
+        for model in models:
+            measure_model(model, Path(tmp), args)
+            print(f"{model.name}: done", file=sys.stderr, flush=True)
+    report = table(models) + "\n\n" + "\n".join(goal_lines(models))
+    print(report)
+    if args.markdown:
+        from worker.files import atomic_path
+        command = "python bench/compare.py " + " ".join(sys.argv[1:])
+        with atomic_path(args.markdown) as target:
+            target.write_text(markdown(models, command.strip()))
+
+
+def measure_model(model: ModelRuns, work: Path, args) -> None:
+    rows = [] if args.no_peers else run_peers(model, args.peers_script, args.timeout)
+    if args.no_peers:
+        rows.append(Row("original", count_nodes(model.path), bytes=output_bytes(model.path)))
+    rows.append(run_load_save(model, work, args.timeout))
+    rows += [run_mirserve(model, portable, work, args.timeout) for portable in (True, False)]
+    model.rows = {row.tool: row for row in rows}
+    for path in work.iterdir():  # the outputs of a 575 MB model add up
+        path.unlink()
+
+
+if __name__ == "__main__":
+    main()
