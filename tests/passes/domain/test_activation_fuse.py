@@ -245,6 +245,17 @@ def test_intermediate_read_elsewhere_is_refused(tmp_path):
     assert_refused(tmp_path, model, "FusedConvSilu: the intermediate 's' is also read by Add")
 
 
+def test_an_activation_inside_a_nested_body_is_refused(tmp_path):
+    branch = helper.make_graph([make("Relu", ["y"], ["t"])], "then", [], [vinfo("t", shape=[1, 4, 6, 6])])
+    other = helper.make_graph([make("Identity", ["x4"], ["e"])], "else", [], [vinfo("e", shape=[1, 4, 6, 6])])
+    model = make_model([make("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+                        make("If", ["cond"], ["z"], then_branch=branch, else_branch=other)],
+                       [vinfo("x", shape=[1, 3, 6, 6]), vinfo("x4", shape=[1, 4, 6, 6]),
+                        vinfo("cond", TensorProto.BOOL, [])],
+                       [vinfo("z", shape=[1, 4, 6, 6])], [tensor("w", f32(4, 3, 3, 3)), tensor("b", f32(4))])
+    assert_refused(tmp_path, model, "FusedConvRelu: the Relu is inside a nested body")
+
+
 def test_tanh_approximation_of_gelu_is_refused(tmp_path):
     model = conv_model([make("Gelu", ["y"], ["z"], approximate="tanh")], opset=20)
     assert_refused(tmp_path, model, "Gelu with approximate='tanh' is not the exact Gelu")

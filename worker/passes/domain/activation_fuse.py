@@ -159,7 +159,10 @@ def _fuse_one(ctx: PassContext, graph: Graph, node: Node, base: Base, opset: int
     if isinstance(found, Refused):
         result.refused(f"{op_name}: {found.reason}")
         return
-    plan = exclusive_use(y, found) or emit_refusal(ctx, op_name, y.dtype) or _plan(node, base)
+    reason = exclusive_use(y, found) or emit_refusal(ctx, op_name, y.dtype)
+    if reason is None and any(n.graph is not graph for n in found.nodes):
+        reason = f"the {found.kind} is inside a nested body, and the fused op would have to be in two graphs"
+    plan = reason or _plan(node, base)
     if isinstance(plan, str):
         result.refused(f"{op_name}: {plan}")
         return
