@@ -71,8 +71,8 @@ def sibling(*parts: str) -> Path:
 
 
 def light_dir() -> Path:
-    import onnx
-    return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    from importlib.util import find_spec  # onnx is not imported here: this process stays small (see measured)
+    return Path(find_spec("onnx").origin).parent / "backend" / "test" / "data" / "light"
 
 
 def all_models(corpus: Path, big: Path) -> list[ModelRuns]:
@@ -102,9 +102,11 @@ sys.exit(status)
 TIMED_LOAD_SAVE = """import sys, time, json
 import onnx
 started = time.perf_counter()
-onnx.save(onnx.load(sys.argv[1]), sys.argv[2])
-print(json.dumps({"seconds": time.perf_counter() - started}))
+model = onnx.load(sys.argv[1])
+onnx.save(model, sys.argv[2])
+print(json.dumps({"seconds": time.perf_counter() - started, "nodes": len(model.graph.node)}))
 """
+COUNT_NODES = "import onnx, sys; print(len(onnx.load(sys.argv[1], load_external_data=False).graph.node))"
 
 
 @dataclass
@@ -112,12 +114,17 @@ class Child:
     process_seconds: float
     peak_mb: float
     status: int
-    seconds: float | None  # as the child timed itself
+    report: dict | None  # the JSON line the child printed last
     error: str
 
 
 def measured(command: list[str], timeout: float, cwd: Path = REPO) -> Child:
-    """Run ``command`` with its peak RSS read from wait4 (its own, not this process's)."""
+    """Run ``command`` with its peak RSS read from wait4.
+
+    Linux carries a process's high-water mark across exec, so a child forked from a process holding a model
+    reports that process's memory as its own: this process never loads a model (node counts are read in a
+    child too) to keep the children's figures their own.
+    """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=err)
@@ -136,13 +143,13 @@ def measured(command: list[str], timeout: float, cwd: Path = REPO) -> Child:
         err.seek(0)
         lines = out.read().decode(errors="replace").strip().splitlines()
         tail = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
-    seconds = json.loads(lines[-1])["seconds"] if child.returncode == 0 and lines else None
-    return Child(wall, usage.ru_maxrss / 1024, child.returncode, seconds, tail)
+    report = json.loads(lines[-1]) if child.returncode == 0 and lines else None
+    return Child(wall, usage.ru_maxrss / 1024, child.returncode, report, tail)
 
 
 def count_nodes(path: Path) -> int:
-    import onnx
-    return len(onnx.load(str(path), load_external_data=False).graph.node)
+    done = subprocess.run([sys.executable, "-c", COUNT_NODES, str(path)], capture_output=True, text=True, check=True)
+    return int(done.stdout.strip())
 
 
 def output_bytes(path: Path) -> int:
@@ -167,14 +174,16 @@ def max_abs_diff(original: Path, optimized: Path, shapes: dict) -> float | str:
 def run_mirserve(model: ModelRuns, portable: bool, work: Path, timeout: float) -> Row:
     tool = "mirserve --portable" if portable else "mirserve"
     out = work / f"{model.name}.{'portable' if portable else 'default'}.onnx"
+    report = work / "report.json"
     command = [sys.executable, "-c", TIMED_MIRSERVE, "optimize", str(model.path), "-o", str(out), "--no-verify",
-               "--quiet"] + (["--portable"] if portable else [])
+               "--quiet", "--report", str(report)] + (["--portable"] if portable else [])
     for name, dims in model.shapes.items():
         command += ["--input-shape", f"{name}={','.join(map(str, dims))}"]
     child = measured(command, timeout)
     if child.status != 0 or not out.exists():
         return Row(tool, error=child.error[:160] or f"exit status {child.status}")
-    return Row(tool, count_nodes(out), child.seconds, child.peak_mb, output_bytes(out),
+    nodes = json.loads(report.read_text())["model"]["output"]["nodes"]
+    return Row(tool, nodes, child.report["seconds"], child.peak_mb, output_bytes(out),
                max_abs_diff(model.path, out, model.shapes), child.process_seconds)
 
 
@@ -183,8 +192,8 @@ def run_load_save(model: ModelRuns, work: Path, timeout: float) -> Row:
     child = measured([sys.executable, "-c", TIMED_LOAD_SAVE, str(model.path), str(out)], timeout)
     if child.status != 0:
         return Row("onnx load+save", error=child.error[:160])
-    return Row("onnx load+save", count_nodes(out), child.seconds, child.peak_mb, output_bytes(out), 0.0,
-               child.process_seconds)
+    return Row("onnx load+save", child.report["nodes"], child.report["seconds"], child.peak_mb, output_bytes(out),
+               0.0, child.process_seconds)
 
 
 def run_peers(model: ModelRuns, peers_script: Path, timeout: float) -> list[Row]:
@@ -314,7 +323,10 @@ def markdown(models: list[ModelRuns], command: str) -> str:
         "is timed as `peers.py` times the peers: from after `import onnx` to the written file (the tool's own "
         "imports included); `(process s)` is the whole mirserve or load+save child, interpreter start "
         "included. mirserve runs with `--no-verify`. Peak RSS is each child's own maximum resident set "
-        "(wait4 for mirserve and load+save, getrusage in the child for the peers). Max abs diff: largest difference from the input model over all outputs, "
+        "(wait4 for mirserve and load+save, getrusage in the child for the peers). Linux carries a process's "
+        "high-water mark across exec, so a child reports at least the memory of the process that started it: "
+        "this script never loads a model itself, but peers.py loads and runs the model before it starts each "
+        "peer, so on the large model the peers' figures include that footprint. Max abs diff: largest difference from the input model over all outputs, "
         "onnxruntime with graph optimizations off, one seeded random input (the peers' from peers.py, "
         "mirserve's from its own checker). The light models compute their weights with ConstantOfShape, so "
         f"their outputs barely depend on the input; `{BIG}` is VGG-19 with 548 MB of random float32 weights "
