@@ -222,8 +222,8 @@ def _ok(row: Row | None) -> bool:
     return row is not None and row.error is None and row.nodes is not None
 
 
-def goals(model: ModelRuns) -> list[tuple[bool, str]]:
-    """The issue's done-when figures for one model: (met, sentence)."""
+def goals(model: ModelRuns) -> list[tuple[bool | None, str]]:
+    """The issue's done-when figures for one model: (met, sentence); met is None when nothing compares."""
     rows, found = model.rows, []
     portable, default = rows.get("mirserve --portable"), rows.get("mirserve")
     basic = [rows[p] for p in ("onnxoptimizer", "onnxsim", "onnxslim", "ort_basic") if _ok(rows.get(p))]
@@ -236,7 +236,9 @@ def goals(model: ModelRuns) -> list[tuple[bool, str]]:
         found.append((default.nodes <= extended, f"default {default.nodes} nodes vs ort_extended {extended}"))
     ours = [r for r in (portable, default) if _ok(r)]
     for peer in ("onnxsim", "onnxslim"):
-        if ours and _ok(rows.get(peer)):
+        if rows.get(peer) is not None and rows[peer].error:
+            found.append((None, f"{peer} failed on this model, nothing to compare the time with"))
+        elif ours and _ok(rows.get(peer)):
             slowest = max(r.seconds for r in ours)
             found.append((slowest < rows[peer].seconds, f"mirserve {slowest:.2f} s (slower mode) vs {peer} "
                                                         f"{rows[peer].seconds:.2f} s"))
@@ -297,7 +299,8 @@ def goal_lines(models: list[ModelRuns]) -> list[str]:
     lines = []
     for model in models:
         for met, sentence in goals(model):
-            lines.append(f"- {'met' if met else '**MISSED**'} · {model.name}: {sentence}")
+            verdict = "n/a" if met is None else "met" if met else "**MISSED**"
+            lines.append(f"- {verdict} · {model.name}: {sentence}")
     return lines
 
 
