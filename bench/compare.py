@@ -355,6 +355,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run")
     parser.add_argument("--markdown", type=Path, help="also write the table, command and machine here")
     args = parser.parse_args()
+    if not args.corpus.is_dir():
+        parser.error(f"the model corpus is not at {args.corpus}: pass --corpus or set MIRSERVE_CORPUS")
+    if not args.no_peers and not args.peers_script.is_file():
+        parser.error(f"peers.py is not at {args.peers_script}: pass --peers-script or --no-peers")
     models = [m for m in all_models(args.corpus, args.big_model) if not args.only or m.name in args.only]
     if any(m.name == BIG for m in models):
         ensure_big_model(args.big_model)
