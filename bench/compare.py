@@ -316,24 +316,30 @@ def machine() -> str:
             f"Python {platform.python_version()}; {packages}")
 
 
+NOTES = [
+    "Nodes: top-level nodes of the output (If/Loop bodies not counted).",
+    "Wall s: every tool runs in its own child process, timed as `peers.py` times the peers: from after "
+    "`import onnx` to the written file, the tool's own imports included. `(process s)` is the whole mirserve "
+    "or load+save child, interpreter start included. mirserve runs with `--no-verify`.",
+    "Peak RSS: each child's own maximum resident set (wait4 for mirserve and load+save, getrusage in the child "
+    "for the peers). Linux carries a process's high-water mark across exec, so a child reports at least the "
+    "memory of the process that started it: this script never loads a model itself, but peers.py loads and "
+    "runs the model before it starts each peer, so on the large model the peers' figures include that.",
+    "Max abs diff: largest difference from the input model over all outputs, onnxruntime with graph "
+    "optimizations off, one seeded random input (the peers' from peers.py, mirserve's from its own checker). "
+    "The tests check every model on three inputs at rtol 1e-4 / atol 1e-5.",
+    "The light models compute their weights with ConstantOfShape, so their outputs barely depend on the "
+    f"input; `{BIG}` is VGG-19 with 548 MB of random float32 weights (`bench/make_big_model.py --random`).",
+]
+
+
 def markdown(models: list[ModelRuns], command: str) -> str:
     return "\n".join([
         "# Benchmark: mirserve and the peer ONNX optimizers", "",
         f"Command (from the repository root): `{command}`", "",
         f"Machine: {machine()}", "",
         f"Run: {time.strftime('%Y-%m-%d %H:%M %Z')}, git {_git_head()}", "",
-        "Nodes are top-level nodes (If/Loop bodies not counted). Every tool runs in its own child process and "
-        "is timed as `peers.py` times the peers: from after `import onnx` to the written file (the tool's own "
-        "imports included); `(process s)` is the whole mirserve or load+save child, interpreter start "
-        "included. mirserve runs with `--no-verify`. Peak RSS is each child's own maximum resident set "
-        "(wait4 for mirserve and load+save, getrusage in the child for the peers). Linux carries a process's "
-        "high-water mark across exec, so a child reports at least the memory of the process that started it: "
-        "this script never loads a model itself, but peers.py loads and runs the model before it starts each "
-        "peer, so on the large model the peers' figures include that footprint. Max abs diff: largest difference from the input model over all outputs, "
-        "onnxruntime with graph optimizations off, one seeded random input (the peers' from peers.py, "
-        "mirserve's from its own checker). The light models compute their weights with ConstantOfShape, so "
-        f"their outputs barely depend on the input; `{BIG}` is VGG-19 with 548 MB of random float32 weights "
-        "(`bench/make_big_model.py --random`).", "",
+        *[f"- {note}" for note in NOTES], "",
         table(models), "", "## Goals (issue 3, done-when)", "", *goal_lines(models), "",
     ])
 

@@ -18,7 +18,8 @@ PASS = ["shuffle_channel_fuse"]
 def shuffle_model(split, perm, merge, *, x_shape=(1, 12, 4, 4), opset=13, out_shape=None, extra=()):
     nodes = [make("Reshape", ["x", "split_shape"], ["a"]), make("Transpose", ["a"], ["b"], perm=perm),
              make("Reshape", ["b", "merge_shape"], ["y"]), *extra]
-    outputs = [vinfo("y", shape=out_shape or list(x_shape))] + [vinfo(n.output[0], shape=[1, 4, 3, 4, 4]) for n in extra]
+    outputs = [vinfo("y", shape=out_shape or list(x_shape))]
+    outputs += [vinfo(n.output[0], shape=[1, 4, 3, 4, 4]) for n in extra]
     return make_model(nodes, [vinfo("x", shape=list(x_shape))], outputs,
                       [tensor("split_shape", np.array(split, np.int64)),
                        tensor("merge_shape", np.array(merge, np.int64))], opset=opset)

@@ -71,7 +71,8 @@ def case(base: str, kind: str, opset: int):
     shape, base_nodes, base_inits, pass_name, out_shape = BASES[base]
     act_nodes, act_inits = activation(kind, opset)
     nodes = base_nodes + act_nodes + [helper.make_node("Identity", ["z"], ["out"])]
-    model = make_model(nodes, [vinfo("x", shape=shape)], [vinfo("out", shape=out_shape)], base_inits() + act_inits, opset=opset)
+    model = make_model(nodes, [vinfo("x", shape=shape)], [vinfo("out", shape=out_shape)], base_inits() + act_inits,
+                       opset=opset)
     feeds = {"x": (RNG.standard_normal(shape) * 3).astype(np.float32)}
     return model, feeds, pass_name
 

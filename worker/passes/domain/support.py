@@ -10,6 +10,7 @@ from worker.ir import Graph, Value
 from worker.passes.base import PassContext
 from worker.passes.domain.ops import body_info
 
+
 def live_graphs(ctx: PassContext) -> Iterator[Graph]:
     """The main graph and every body still attached to it (a fusion may remove a node holding a body)."""
     for graph in list(ctx.graph.all_graphs()):
