@@ -146,3 +146,21 @@ def test_axes_as_attribute_or_input_both_fold(tmp_path, opset):
                        [tensor("k", np.array([1, 2, 3], np.float32)), *extra], opset=opset)
     outcome = run(model, STEP, tmp_path)
     assert outcome.ops == ["Add"] and outcome.model.graph.initializers["u"].const.shape == (1, 3)
+
+
+def test_a_fill_beyond_the_constant_budget_is_refused(tmp_path, monkeypatch):
+    from worker.passes.fold import constant_folding
+
+    monkeypatch.setattr(constant_folding, "MAX_CONSTANT_BYTES", 1 << 20)
+    outcome = run(generated("ConstantOfShape", [1024, 64, 3, 3], reader="Conv"), STEP, tmp_path)  # 2.25 MiB
+    assert outcome.ops == ["ConstantOfShape", "Conv"]
+    assert outcome.refused("constant_folding", "would take the model's constants above 1 MiB")
+
+
+def test_a_hostile_fill_shape_is_refused_before_anything_is_computed(tmp_path):
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["g"]), helper.make_node("MatMul", ["x", "g"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[1, "k"])], [vinfo("y", shape=[1, "m"])],
+                       [tensor("shape", np.array([2**33, 2**33], np.int64))])
+    outcome = run(model, STEP, tmp_path, check=False)
+    assert outcome.ops == ["ConstantOfShape", "MatMul"]
+    assert outcome.refused("constant_folding", "would take the model's constants above 8 GiB")

@@ -11,9 +11,13 @@ would add more than ``GROWTH_LIMIT`` bytes to the model is kept unless its resul
 (Conv/ConvTranspose W and B, Gemm/MatMul B and C, BatchNormalization parameters, ...): the light model zoo
 makes every weight with ConstantOfShape.
 Memory: a ConstantOfShape fill, and any view op or elementwise op of such a fill, stays a broadcast view
-(no memory) until the writer streams it; other results above ``MAX_FOLDED_BYTES`` are not computed.
+(no memory) until the writer streams it; other results above ``MAX_FOLDED_BYTES`` are not computed, and no
+fold may take the model's constants above ``MAX_CONSTANT_BYTES`` (an uploaded model could otherwise ask for
+a fill of any size as a weight).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from onnx import helper
@@ -31,6 +35,8 @@ GENERATORS = frozenset({"ConstantOfShape", "Tile", "Expand", "Range"})
 GROWTH_LIMIT = 64 << 10
 #: Largest result computed in memory (a broadcast view of one value has no such limit).
 MAX_FOLDED_BYTES = 512 << 20
+#: Largest total size of the model's constants that folding may reach.
+MAX_CONSTANT_BYTES = 8 << 30
 
 QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 #: Inputs that runtimes and fusions take as weights: op -> input slots.
@@ -60,15 +66,19 @@ def never_folded(node: Node) -> str | None:
     return None
 
 
-def feeds_weight(value: Value, depth: int = 0) -> bool:
-    """A weight input reads ``value``, directly or through nodes that will fold too."""
+def feeds_weight(value: Value, depth: int = 0, seen: set[int] | None = None) -> bool:
+    """A weight input reads ``value``, directly or through nodes that will fold too (each value looked at once)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
     for use in value.uses:
         node = use.node
         if use.slot in WEIGHT_SLOTS.get(node.op_type, ()) and not node.domain:
             return True
         if depth < 8 and not node.domain and never_folded(node) is None \
                 and all(v is None or v is value or v.constant_value() is not None for v in node.inputs) \
-                and any(feeds_weight(out, depth + 1) for out in node.outputs):
+                and any(feeds_weight(out, depth + 1, seen) for out in node.outputs):
             return True
     return False
 
@@ -81,18 +91,23 @@ def _itemsize(value: Value) -> int:
 
 
 def _count_from_values(node: Node, inputs: list) -> int | None:
-    """Element count of ops whose output size follows from input values, before computing them."""
+    """Element count of ops whose output size follows from input values, before computing them.
+
+    Python integers, so a hostile shape cannot wrap around int64 into a small count.
+    """
     try:
         if node.op_type == "ConstantOfShape":
-            return int(np.prod(inputs[0], dtype=np.int64))
+            dims = [int(d) for d in np.reshape(inputs[0], -1)]
+            return math.prod(dims) if min(dims, default=0) >= 0 else None
         if node.op_type == "Expand":
-            shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1]))
-            return int(np.prod(shape, dtype=np.int64))
+            shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in np.reshape(inputs[1], -1)))
+            return math.prod(int(d) for d in shape)
         if node.op_type == "Tile":
-            return inputs[0].size * int(np.prod(inputs[1], dtype=np.int64))
+            repeats = [int(r) for r in np.reshape(inputs[1], -1)]
+            return inputs[0].size * math.prod(repeats) if min(repeats, default=0) >= 0 else None
         if node.op_type == "Range":
             start, limit, delta = (float(np.asarray(v).reshape(())) for v in inputs[:3])
-            return max(0, int(np.ceil((limit - start) / delta))) if delta else None
+            return max(0, math.ceil((limit - start) / delta)) if delta else None
     except (ValueError, TypeError, IndexError, OverflowError):
         return None
     return None
@@ -102,7 +117,8 @@ def output_bytes(node: Node, inputs: list) -> int | None:
     """Bytes of the node's outputs from type inference, or from the input values for ops sized by them."""
     total = 0
     for value in node.outputs:
-        count = value.numel()
+        shape = static_shape(value)
+        count = math.prod(shape) if shape is not None else None  # Python ints: no int64 wrap-around
         if count is None and len(node.outputs) == 1:
             count = _count_from_values(node, inputs)
         if count is None or count < 0:
@@ -111,17 +127,26 @@ def output_bytes(node: Node, inputs: list) -> int | None:
     return total
 
 
-def size_refusal(node: Node, inputs: list, uniform: bool) -> str | None:
-    """Why the node's result is too large to fold, or None."""
+def _size_text(count: float) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.0f} {unit}"
+    return f"{count:.0f} bytes"
+
+
+def size_refusal(node: Node, inputs: list, uniform: bool, budget: list[int]) -> str | None:
+    """Why the node's result is too large to fold, or None; ``budget`` holds the constant bytes still allowed."""
     size = output_bytes(node, inputs)
     if size is None:
         return "the size of its output is not known"
+    if size > budget[0]:
+        return f"folding it would take the model's constants above {_size_text(MAX_CONSTANT_BYTES)}"
     if size > MAX_FOLDED_BYTES and not uniform:
-        return f"its output of {size / 2**20:.0f} MiB is above the {MAX_FOLDED_BYTES >> 20} MiB folding limit"
+        return f"its output of {_size_text(size)} is above the {_size_text(MAX_FOLDED_BYTES)} folding limit"
     growth = size - sum(a.nbytes for a in inputs if a is not None)
     if node.op_type in GENERATORS and growth > GROWTH_LIMIT and not any(feeds_weight(v) for v in node.outputs):
-        return (f"folding it would add {growth / 1024:.0f} KiB of constants (above the "
-                f"{GROWTH_LIMIT >> 10} KiB limit) that no weight input reads")
+        return (f"folding it would add {_size_text(growth)} of constants (above the "
+                f"{_size_text(GROWTH_LIMIT)} limit) that no weight input reads")
     return None
 
 
@@ -150,9 +175,9 @@ def evaluate_uniform(node: Node, inputs: list, opset: int) -> list[np.ndarray] |
     return [np.broadcast_to(outputs[0].reshape(-1)[:1].reshape(()), shape)]
 
 
-def compute(node: Node, inputs: list, opset: int) -> list[np.ndarray] | str:
+def compute(node: Node, inputs: list, opset: int, budget: list[int]) -> list[np.ndarray] | str:
     uniform = stays_uniform(node, inputs)
-    reason = size_refusal(node, inputs, uniform)
+    reason = size_refusal(node, inputs, uniform, budget)
     if reason is not None:
         return reason
     outputs = evaluate_uniform(node, inputs, opset) if uniform and node.op_type != "ConstantOfShape" \
@@ -174,7 +199,7 @@ def compute(node: Node, inputs: list, opset: int) -> list[np.ndarray] | str:
     return checked
 
 
-def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult) -> None:
+def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult, budget: list[int]) -> None:
     if node.domain or node.op_type == "Constant" or not any(v.is_used for v in node.outputs):
         return
     inputs = [v.constant_value() if v is not None else None for v in node.inputs]
@@ -184,10 +209,11 @@ def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult) ->
     outputs_used = [v for v in node.outputs if v.is_used]
     if reason is None and any(v.is_graph_output for v in outputs_used):
         reason = "its output is a graph output, which must stay produced by a node"
-    computed = compute(node, inputs, ctx.opset()) if reason is None else reason
+    computed = compute(node, inputs, ctx.opset(), budget) if reason is None else reason
     if isinstance(computed, str):
         result.refused(f"constant_folding: {node.op_type}: {computed}")
         return
+    budget[0] -= sum(int(array.nbytes) for array in computed)
     replace(graph, node, computed)
     result.rewrote({"rule": "constant_folding", "from": [node.name], "to": []})
 
@@ -211,9 +237,11 @@ def replace(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
                            "tensors only when they become weights")
 def constant_folding(ctx: PassContext) -> PassResult:
     result = PassResult()
-    for graph in list(ctx.graph.all_graphs()):
+    graphs = list(ctx.graph.all_graphs())
+    budget = [MAX_CONSTANT_BYTES - sum(v.nbytes for g in graphs for v in g.initializers.values())]
+    for graph in graphs:
         if not is_attached(graph, ctx.graph):
             continue
         for node in graph:
-            fold_node(ctx, graph, node, result)
+            fold_node(ctx, graph, node, result, budget)
     return result
