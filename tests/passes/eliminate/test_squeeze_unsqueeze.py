@@ -53,3 +53,13 @@ def test_cancelling_pair_between_graph_ends_is_refused(tmp_path):
                        [tensor("ax", np.array([0], np.int64))])
     outcome = run(model, STEP, tmp_path)
     assert outcome.ops == ["Unsqueeze", "Squeeze"] and outcome.refused(STEP[0], "graph output")
+
+
+def test_squeeze_axes_fed_at_run_time_are_refused(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Squeeze", ["a", "ax1"], ["t"]),
+             helper.make_node("Squeeze", ["t", "ax2"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[1, 3, 1]), vinfo("ax1", 7, [1]), vinfo("ax2", 7, [1])],
+                       [vinfo("y", shape=["k"])], opset=13)
+    outcome = run(model, STEP, tmp_path, check=False, typed=False)
+    assert outcome.ops == ["Relu", "Squeeze", "Squeeze"]
+    assert outcome.refused(STEP[0], "axes or the rank of the input are not known")

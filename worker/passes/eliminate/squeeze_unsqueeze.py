@@ -26,6 +26,8 @@ def normalized_axes(node: Node, opset: int) -> list[int] | None:
     """Axes of a Squeeze/Unsqueeze, non-negative, or None when not known."""
     source = node.input(0)
     axes = axes_of(node, opset)
+    if axes is None and opset >= AXES_INPUT_SINCE and node.input(1) is not None:
+        return None  # axes given as an input known only at run time
     if node.op_type == "Squeeze":
         if source.rank is None:
             return None
