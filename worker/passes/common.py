@@ -160,3 +160,16 @@ def arrays_equal(a: np.ndarray, b: np.ndarray, block_bytes: int = 16 << 20) -> b
         return all(arrays_equal(a[i], b[i], block_bytes) for i in range(a.shape[0]))
     step = max(1, block_bytes // max(1, a[0].nbytes))
     return all(arrays_equal(a[i:i + step], b[i:i + step], block_bytes) for i in range(0, a.shape[0], step))
+
+
+def replace_with_constant(graph: Graph, value: Value, array: np.ndarray) -> Value:
+    """Readers of ``value`` (a node output of ``graph``) read a new initializer of the main graph that takes
+    its name; ``value`` steps aside under a fresh name, for its producer to be removed next.
+
+    The output is renamed rather than the initializer, which keeps this O(1) per value.
+    """
+    name = value.name
+    graph.rename_fresh(value, name + "_replaced")
+    initializer = graph.root.add_initializer(name, np.asarray(array), exact_name=True)
+    graph.replace_all_uses(value, initializer)
+    return initializer

@@ -25,7 +25,7 @@ from onnx import helper
 from worker.evaluate import NONDETERMINISTIC, evaluate
 from worker.ir import Graph, Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.common import add_constant, is_uniform, static_shape
+from worker.passes.common import is_uniform, replace_with_constant, static_shape
 from worker.passes.eliminate.forward import is_attached
 from worker.passes.registry import register_pass
 
@@ -219,17 +219,11 @@ def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult, bu
 
 
 def replace(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
-    """Readers of the node's outputs read new initializers of the main graph, which then take the names."""
-    root = graph.root
-    renames = []
+    """Readers of the node's outputs read new initializers of the main graph, under the outputs' names."""
     for value, array in zip(node.outputs, arrays):
         if value.is_used:
-            initializer = add_constant(root, value.name + "_folded", array)
-            graph.replace_all_uses(value, initializer)
-            renames.append((initializer, value.name))
+            replace_with_constant(graph, value, array)
     graph.remove_node(node)
-    for initializer, name in renames:
-        root.rename_value(initializer, name)
 
 
 @register_pass(name="constant_folding", kind=PassKind.PROGRAM, level=1,

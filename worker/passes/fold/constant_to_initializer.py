@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from worker.ir import Graph, Node
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.common import add_constant
+from worker.passes.common import replace_with_constant
 from worker.passes.eliminate.forward import is_attached
 from worker.passes.registry import register_pass
 
@@ -24,13 +24,9 @@ def to_initializer(graph: Graph, node: Node) -> str | None:
     data = node.constant_output()
     if data is None:
         return "it holds a sparse or string value"
-    root = graph.root
-    initializer = add_constant(root, out.name + "_constant", data)
-    graph.replace_all_uses(out, initializer)
-    name = out.name
-    graph.remove_node(node)
-    root.rename_value(initializer, name)
+    initializer = replace_with_constant(graph, out, data)
     initializer.doc_string = node.doc_string
+    graph.remove_node(node)
     return None
 
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 
 from worker.ir import Graph, Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.common import add_constant, axes_of, int_list, remove_dead
+from worker.passes.common import axes_of, int_list, remove_dead, replace_with_constant
 from worker.passes.eliminate.forward import is_attached
 from worker.passes.registry import register_pass
 
@@ -203,14 +203,9 @@ def foldable(known: dict[Value, Partial], graph: Graph) -> list[Value]:
 
 def replace(graph: Graph, value: Value, partial: Partial) -> list[str]:
     """Readers of ``value`` read an initializer instead; returns the names of the nodes that went away."""
-    root = graph.root
-    initializer = add_constant(root, value.name + "_shape", partial.array())
-    graph.replace_all_uses(value, initializer)
-    name, producer = value.name, value.producer
-    removed = remove_dead(graph, producer)
-    if producer.graph is None:
-        root.rename_value(initializer, name)
-    return removed
+    producer = value.producer
+    replace_with_constant(graph, value, partial.array())
+    return remove_dead(graph, producer)
 
 
 @register_pass(name="eliminate_shape_op", kind=PassKind.PROGRAM, level=1,
