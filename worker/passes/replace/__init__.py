@@ -1,0 +1,1 @@
+"""Replacements by standard ONNX ops (opt level 2): each module registers one pass on import."""
