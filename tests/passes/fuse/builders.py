@@ -41,3 +41,19 @@ def conv_then(after: str, constant, *, op: str = "Conv", group: int = 1, bias: b
 
 def per_channel(*shape, seed=3, low=0.5, high=2.0):
     return np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32)
+
+
+def inferred_model(nodes, inputs, outputs, initializers=(), opset: int = 17):
+    """Like conftest.make_model, with the output types (names in ``outputs``) found by onnx shape inference."""
+    import onnx
+
+    graph = helper.make_graph(nodes, "test", inputs, [helper.make_value_info(n, onnx.TypeProto()) for n in outputs],
+                              list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = min(model.ir_version, 10)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    types = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    for output in model.graph.output:
+        output.type.CopyFrom(types[output.name])
+    onnx.checker.check_model(model)
+    return model
