@@ -1,7 +1,6 @@
 """conv_scale_fuse: a per-channel Mul/Div after a conv goes into its weights; refusals for shape and zeros."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tests.passes.fuse.builders import C_OUT, SIDE, conv_then, per_channel

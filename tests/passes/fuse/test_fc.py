@@ -1,7 +1,6 @@
 """fc_fuse: 2-D MatMul + Add -> Gemm; Transposes into transA/transB; Gemm + Add; 3-D MatMul refused."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from onnx import helper
 

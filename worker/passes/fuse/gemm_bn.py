@@ -9,8 +9,6 @@ statistics must be constants with one value per column.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.conv_bn import batchnorm_affine, batchnorm_refusal
 from worker.passes.fuse.fc import gemm, two_d_refusal
@@ -18,7 +16,6 @@ from worker.passes.fuse.rewrite import FusionRule, constant_refusal, graph_of, r
 from worker.passes.fuse.weights import cast_like, f64
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
-
 
 class GemmBatchNorm(FusionRule):
     def __init__(self, op: str):
@@ -65,7 +62,6 @@ class GemmBatchNorm(FusionRule):
                     name=fc.name, before=bn)
         node.set_attr("beta", 1.0)
         return node
-
 
 @register_pass(name="gemm_bn_fuse", kind=PassKind.PROGRAM, level=1,
                description="fold a BatchNormalization into the Gemm or 2-D MatMul before it")
