@@ -60,8 +60,14 @@ SUPPORT: tuple[str, ...] = ()
 #: Cleanup, constant and shape folding, eliminations (level 1).
 CLEANUP: tuple[str, ...] = ()
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
-FUSE: tuple[str, ...] = ()
-REPLACE: tuple[str, ...] = ()
+FUSE: tuple[str, ...] = (
+    "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse", "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse",
+    "fc_fuse", "gemm_bn_fuse", "fold_scale_axis", "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse",
+)
+REPLACE: tuple[str, ...] = (
+    "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",
+    "prelu_leaky_relu_replace", "conv_gemm_replace", "transpose_softmax_transpose_fuse",
+)
 #: All of the above, repeated together until nothing changes: a fusion often exposes an elimination and the
 #: other way round.
 SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
