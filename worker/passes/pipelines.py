@@ -76,7 +76,7 @@ DOMAIN_FUSE: tuple[str, ...] = ()
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
 PLACE: tuple[str, ...] = ()
 #: Memory planning over the final execution order.
-MEMORY: tuple[str, ...] = ()
+MEMORY: tuple[str, ...] = ("memory_plan",)
 
 DEFAULT = Pipeline(
     name="default",
