@@ -60,9 +60,11 @@ SUPPORT: tuple[str, ...] = ()
 #: Cleanup, constant and shape folding, eliminations (level 1).
 CLEANUP: tuple[str, ...] = ()
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
+#: Order: activation/normalization chains are recognised by their constants before any fold moves those
+#: constants into weights; BatchNormalization absorbs its trailing affine before it folds into a conv.
 FUSE: tuple[str, ...] = (
-    "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse", "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse",
-    "fc_fuse", "gemm_bn_fuse", "fold_scale_axis", "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse",
+    "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
+    "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse", "fc_fuse", "gemm_bn_fuse", "fold_scale_axis",
 )
 REPLACE: tuple[str, ...] = (
     "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",

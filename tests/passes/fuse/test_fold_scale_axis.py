@@ -102,3 +102,14 @@ def test_matmul_of_two_activations_is_refused(tmp_path):
                            [tensor("k", np.float32(0.5))])
     out = optimize(tmp_path, model, [PASS])
     assert out.ops == ["MatMul", "Mul"] and out.refused("the weights of MatMul 'mm' ('z') are not constants")
+
+
+@pytest.mark.parametrize("conv", ["Conv", "ConvTranspose"])
+def test_scale_then_shift_before_a_padded_conv_keeps_one_add(tmp_path, conv):
+    nodes = [helper.make_node("Mul", ["k", "x"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+             helper.make_node(conv, ["u", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    inits = [tensor("k", per_channel(1, 4, 1, 1, low=-2)), tensor("b", per_channel(4, 1, 1, seed=5)),
+             tensor("w", conv_weight(conv))]
+    out = optimize(tmp_path, inferred_model(nodes, [vinfo("x", shape=[1, 4, 6, 6])], ["y"], inits), [PASS])
+    assert out.ops == ["Add", conv]
+    assert out.node("Add").output().shape == (1, 4, 6, 6)

@@ -7,6 +7,8 @@ into its weights (NNVM's FoldScaleAxis, forward and backward, for the scale and 
                                                                                border sees zeros, not b)
     Gemm(Add(A, b), B, C)           ->  Gemm(A, B, beta * C + alpha * b @ B, beta=1)
     Mul(Gemm(A, B, C), s)           ->  Gemm(A, B * s[n], C * s)              (MatMul with constant B too)
+    Conv(Add(Mul(x, s), b), W)      ->  Conv(Add(x, b / s), W * s[c_in])      (a padded Conv: the shift stays,
+                                                                               moved before the scale)
 
 s and b hold one value per channel of the axis they meet (input channels of a conv, K of a Gemm, the last
 axis of a MatMul) or a single value; anything else is refused with its shape. A Mul after a Conv is
@@ -17,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, graph_of, run_rules
+from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, graph_of, new_value, run_rules
 from worker.passes.fuse.weights import (
     cast_like, channel_vector, conv_in_channels, conv_of_constant, f64, scale_conv_inputs,
 )
@@ -161,6 +163,50 @@ class ShiftBefore(_Fold):
         return self.rebuild(match, match.value("x"), f64(weight), bias, beta_one=True)
 
 
+class ScaleShiftBefore(ScaleBefore):
+    """Mul then Add before a conv that pads: x * s + b == (x + b / s) * s, so the Mul still reaches the conv's
+    weights and only an Add stays (three nodes become two)."""
+
+    def __init__(self):
+        super().__init__("Mul")
+        self.name = "mul_add_before_padded_conv"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        t, u = p.var("t"), p.var("u")
+        p.op("scale", "Mul", inputs=[p.var("x"), p.var("k").const()], outputs=[t], commutative=True)
+        p.op("shift", "Add", inputs=[t, p.var("b").const()], outputs=[u], commutative=True)
+        p.op("linear", ("Conv", "ConvTranspose"), inputs=[u], outputs=[p.var("out")])
+        return p
+
+    def shift(self, match: Match) -> np.ndarray | None:
+        found = input_axis(self.linear(match), match.value("x").rank)
+        return None if found is None else channel_vector(match.value("b").constant_value(), *found)
+
+    def check(self, ctx: PassContext, match: Match) -> str | None:
+        refusal = super().check(ctx, match)
+        if refusal:
+            return refusal
+        if self.shift(match) is None or match.value("u").shape != match.value("t").shape:
+            return f"the constant {match.value('b').name!r} is not one value per input channel"
+        if not np.all(self.vector(match)):
+            return f"the scale {match.value('k').name!r} has zeros, so the shift cannot move before it"
+        return None
+
+    def rewrite(self, ctx: PassContext, match: Match):
+        node, scale, x, graph = self.linear(match), self.vector(match), match.value("x"), graph_of(match)
+        shape = (scale.size,) + (1,) * (x.rank - 2)
+        like = match.value("b").constant_value()
+        offset = graph.add_initializer(f"{match.value('b').name}_moved", cast_like((self.shift(match) / scale)
+                                                                                  .reshape(shape), like))
+        moved = graph.add_node("Add", [x, offset], outputs=[new_value(graph, f"{x.name}_shifted", x)],
+                               name=match.node("shift").name, before=node)
+        self.orphan(match.value("b"))
+        bias = None if node.input(2) is None else f64(node.input(2).constant_value())
+        weight = scale_rows(node, node.input(1).constant_value(), scale)
+        return [moved, self.rebuild(match, moved.output(), weight, bias)]
+
+
 class ScaleAfter(_Fold):
     """Mul/Div of a Gemm's or MatMul's output by a per-column constant -> scaled weights (and C)."""
 
@@ -194,6 +240,6 @@ class ScaleAfter(_Fold):
 @register_pass(name="fold_scale_axis", kind=PassKind.PROGRAM, level=1,
                description="fold a per-channel Mul or Add next to a Conv, Gemm or MatMul into its weights")
 def fold_scale_axis(ctx: PassContext) -> PassResult:
-    rules = [ScaleBefore("Mul"), ScaleBefore("Div"), ShiftBefore("Add"), ShiftBefore("Sub"),
+    rules = [ScaleBefore("Mul"), ScaleBefore("Div"), ShiftBefore("Add"), ShiftBefore("Sub"), ScaleShiftBefore(),
              ScaleAfter("Mul"), ScaleAfter("Div")]
     return run_rules(ctx, rules)
