@@ -12,7 +12,8 @@ into its weights (NNVM's FoldScaleAxis, forward and backward, for the scale and 
 
 s and b hold one value per channel of the axis they meet (input channels of a conv, K of a Gemm, the last
 axis of a MatMul) or a single value; anything else is refused with its shape. A Mul after a Conv is
-conv_scale_fuse's. Weights must be float constants, not DequantizeLinear outputs.
+conv_scale_fuse's. Weights must be float constants, not DequantizeLinear outputs. A scalar factor may also
+travel along ops that commute with scaling to reach such weights (``scale_paths``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, g
 from worker.passes.fuse.weights import (
     cast_like, channel_vector, conv_in_channels, conv_of_constant, f64, scale_conv_inputs,
 )
+from worker.passes.fuse.scale_paths import TravellingScale
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
 
@@ -242,4 +244,5 @@ class ScaleAfter(_Fold):
 def fold_scale_axis(ctx: PassContext) -> PassResult:
     rules = [ScaleBefore("Mul"), ScaleBefore("Div"), ShiftBefore("Add"), ShiftBefore("Sub"), ScaleShiftBefore(),
              ScaleAfter("Mul"), ScaleAfter("Div")]
+    rules += [TravellingScale(op, direction) for direction in ("backward", "forward") for op in ("Mul", "Div")]
     return run_rules(ctx, rules)
