@@ -117,3 +117,36 @@ def test_fusion_inside_an_if_body(tmp_path):
     body = out.node("If").attr("then_branch")
     assert [n.op_type for n in body] == ["Conv"] and out.rewrites(PASS) == 1
     assert body.outputs[0].name == "t"
+
+
+def test_two_convs_sharing_weights_each_get_their_own(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c1"], name="conv1"), bn_node("c1", "y1", prefix="bn"),
+             helper.make_node("Conv", ["x", "w"], ["c2"], name="conv2"), bn_node("c2", "y2", prefix="bn2")]
+    inits = [tensor("w", floats(8, 4, 1, 1, seed=1)), *bn_tensors(8), *bn_tensors(8, prefix="bn2")]
+    inits[-1] = tensor("bn2_var", np.full(8, 4.0, np.float32))
+    outputs = [vinfo("y1", shape=[1, 8, 6, 6]), vinfo("y2", shape=[1, 8, 6, 6])]
+    out = optimize(tmp_path, make_model(nodes, [vinfo("x", shape=[1, 4, 6, 6])], outputs, inits), [PASS])
+    assert out.ops == ["Conv", "Conv"]
+    first, second = out.model.graph.nodes_of_type("Conv")
+    assert first.input(1) is not second.input(1) and "w" not in out.model.graph.initializers
+
+
+def test_one_d_convolution(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1]), bn_node("c", "y")]
+    model = make_model(nodes, [vinfo("x", shape=[2, 4, 9])], [vinfo("y", shape=[2, 8, 9])],
+                       [tensor("w", floats(8, 4, 3, seed=1)), *bn_tensors(8)])
+    assert optimize(tmp_path, model, [PASS]).ops == ["Conv"]
+
+
+def test_fusion_inside_a_loop_body(tmp_path):
+    body_nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]), bn_node("c", "t"),
+                  helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    body_inputs = [vinfo("i", TensorProto.INT64, []), vinfo("cond_in", TensorProto.BOOL, [])]
+    body = helper.make_graph(body_nodes, "body", body_inputs,
+                             [vinfo("cond_out", TensorProto.BOOL, []), vinfo("t", shape=[1, 8, 6, 6])])
+    loop = helper.make_node("Loop", ["n", ""], ["ys"], body=body)
+    model = make_model([loop], [vinfo("x", shape=[1, 4, 6, 6])], [vinfo("ys", shape=[2, 1, 8, 6, 6])],
+                       [tensor("w", floats(8, 4, 3, 3, seed=1)), *bn_tensors(8), tensor("n", np.array(2, np.int64))])
+    out = optimize(tmp_path, model, [PASS])
+    inner = out.node("Loop").attr("body")
+    assert [n.op_type for n in inner] == ["Conv", "Identity"] and out.rewrites(PASS) == 1

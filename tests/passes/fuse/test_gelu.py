@@ -15,9 +15,9 @@ PASS = "gelu_fuse"
 
 
 def tail(order):
-    return {"x_a_half": [helper.make_node("Mul", ["x", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])],
-            "a_half_x": [helper.make_node("Mul", ["half", "a"], ["m"]), helper.make_node("Mul", ["x", "m"], ["y"])],
-            "x_half_a": [helper.make_node("Mul", ["x", "half"], ["m"]), helper.make_node("Mul", ["a", "m"], ["y"])]}[order]
+    first, second = {"x_a_half": (["x", "a"], ["m", "half"]), "a_half_x": (["half", "a"], ["x", "m"]),
+                     "x_half_a": (["x", "half"], ["a", "m"])}[order]
+    return [helper.make_node("Mul", first, ["m"]), helper.make_node("Mul", second, ["y"])]
 
 
 def erf_chain(order="a_half_x", *, opset=20, scaling="Div", root=None):

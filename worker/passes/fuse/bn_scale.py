@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.fuse.rewrite import FusionRule, describe, graph_of, run_rules
+from worker.passes.fuse.rewrite import FusionRule, describe, fused_name, graph_of, run_rules
 from worker.passes.fuse.weights import cast_like, channel_vector, f64
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
@@ -55,12 +55,12 @@ class BatchNormAffine(FusionRule):
         scale, bias = f64(scale_value.constant_value()), f64(bias_value.constant_value())
         if self.op in ("Mul", "Div"):
             factor = vector if self.op == "Mul" else 1.0 / vector
-            scale_value = graph.add_initializer(f"{scale_value.name}_fused",
+            scale_value = graph.add_initializer(fused_name(scale_value.name),
                                                 cast_like(scale * factor, scale_value.constant_value()))
             bias = bias * factor
         else:
             bias = bias + vector if self.op == "Add" else bias - vector
-        bias_value = graph.add_initializer(f"{bias_value.name}_fused", cast_like(bias, bias_value.constant_value()))
+        bias_value = graph.add_initializer(fused_name(bias_value.name), cast_like(bias, bias_value.constant_value()))
         self.orphan(bn.input(1), bn.input(2), match.value("c"))
         return graph.add_node("BatchNormalization", [bn.input(0), scale_value, bias_value, *bn.inputs[3:]],
                               outputs=[match.value("out")], name=bn.name, attributes=dict(bn.attributes),

@@ -16,7 +16,7 @@ import numpy as np
 
 from worker.ir import Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.fuse.rewrite import FusionRule, describe, graph_of, run_rules
+from worker.passes.fuse.rewrite import FusionRule, describe, fused_name, graph_of, run_rules
 from worker.passes.fuse.weights import FLOAT_TYPES, f64
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
@@ -37,11 +37,10 @@ def two_d_refusal(node: Node, *values: Value) -> str | None:
 
 def broadcast_refusal(add: Node, addend: Value, out: Value) -> str | None:
     """Gemm's C must broadcast one way to [M, N] without enlarging it."""
-    if addend.shape is None or out.shape is None or addend.rank > 2:
+    fits = addend.shape is not None and out.shape is not None and addend.rank <= 2 and all(
+        dim in (1, full) for dim, full in zip(reversed(addend.shape), reversed(out.shape)))
+    if not fits:
         return f"the addend {addend.name!r} of {describe(add)} has shape {shape_text(addend)}, not one Gemm's C takes"
-    for dim, full in zip(reversed(addend.shape), reversed(out.shape)):
-        if dim != 1 and dim != full:
-            return f"the addend {addend.name!r} of {describe(add)} has shape {shape_text(addend)}, not one Gemm's C takes"
     return None
 
 
@@ -154,7 +153,7 @@ class GemmAdd(FusionRule):
         c = old.input(2)
         if c is not None:
             total = float(old.attr("beta", 1.0)) * f64(c.constant_value()) + f64(d.constant_value())
-            d = graph.add_initializer(f"{c.name}_fused", total.astype(d.constant_value().dtype))
+            d = graph.add_initializer(fused_name(c.name), total.astype(d.constant_value().dtype))
             self.orphan(c, match.value("d"))
         node = graph.add_node("Gemm", [old.input(0), old.input(1), d], outputs=[match.value("out")], name=old.name,
                               attributes=dict(old.attributes), before=match.node("add"))

@@ -20,7 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, graph_of, new_value, run_rules
+from worker.passes.fuse.rewrite import (
+    FusionRule, constant_refusal, describe, fused_name, graph_of, new_value, run_rules,
+)
 from worker.passes.fuse.weights import (
     cast_like, channel_vector, conv_in_channels, conv_of_constant, f64, scale_conv_inputs,
 )
@@ -87,9 +89,9 @@ class _Fold(FusionRule):
     def rebuild(self, match: Match, data, weight: np.ndarray, bias: np.ndarray | None, *, beta_one=False):
         node, graph = self.linear(match), graph_of(match)
         like = node.input(1).constant_value()
-        inputs = [data, graph.add_initializer(f"{node.input(1).name}_fused", cast_like(weight, like))]
+        inputs = [data, graph.add_initializer(fused_name(node.input(1).name), cast_like(weight, like))]
         if bias is not None:
-            inputs.append(graph.add_initializer(f"{node.name}_bias_fused", cast_like(bias, like)))
+            inputs.append(graph.add_initializer(fused_name(f"{node.name}_bias"), cast_like(bias, like)))
         self.orphan(*node.inputs[1:], match.value("k"))
         new = graph.add_node(node.op_type, inputs, outputs=[match.value("out")], name=node.name,
                              attributes=dict(node.attributes), before=node)

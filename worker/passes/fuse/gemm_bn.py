@@ -12,7 +12,7 @@ from __future__ import annotations
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.conv_bn import batchnorm_affine, batchnorm_refusal
 from worker.passes.fuse.fc import gemm, two_d_refusal
-from worker.passes.fuse.rewrite import FusionRule, constant_refusal, graph_of, run_rules
+from worker.passes.fuse.rewrite import FusionRule, constant_refusal, fused_name, graph_of, run_rules
 from worker.passes.fuse.weights import cast_like, f64
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
@@ -54,8 +54,8 @@ class GemmBatchNorm(FusionRule):
         bias = b
         if fc.input(2) is not None:
             bias = a * float(fc.attr("beta", 1.0)) * f64(fc.input(2).constant_value()) + b
-        new_weight = graph.add_initializer(f"{match.value('b').name}_fused", cast_like(weight, old_weight))
-        new_bias = graph.add_initializer(f"{fc.name}_bias_fused", cast_like(bias, old_weight))
+        new_weight = graph.add_initializer(fused_name(match.value('b').name), cast_like(weight, old_weight))
+        new_bias = graph.add_initializer(fused_name(f"{fc.name}_bias"), cast_like(bias, old_weight))
         self.orphan(*fc.inputs[1:], *bn.inputs[1:])
         attributes = dict(fc.attributes) if self.op == "Gemm" else {}
         node = gemm(graph, ctx, [match.value("a"), new_weight, new_bias], match.value("out"), attributes,

@@ -106,7 +106,8 @@ class LayerNormChain(FusionRule):
         if self.square == "pow" and scalar(match.value("two")) != 2.0:
             return f"{describe(match.node('square_op'))} does not square (its exponent is not the constant 2)"
         if scalar(match.value("eps")) is None:
-            return f"the epsilon {match.value('eps').name!r} added by {describe(match.node('add_eps'))} is not a constant"
+            eps = match.value("eps").name
+            return f"the epsilon {eps!r} added by {describe(match.node('add_eps'))} is not a constant"
         for key in ("gamma", "beta"):
             if key in match and affine_constant(match.value(key), match.value("x").shape, axis) is None:
                 return (f"the {key} {match.value(key).name!r} is not a constant that varies only along the "

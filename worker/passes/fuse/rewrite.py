@@ -7,6 +7,7 @@ same for the whole graph, but each fusion must leave a clean graph on its own.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -57,6 +58,11 @@ def remove_unused(values: Iterable[Value]) -> None:
         pending.extend(inputs)
 
 
+def fused_name(base: str) -> str:
+    """``base`` + "_fused", without piling suffixes up when a weight is fused again."""
+    return re.sub(r"(_fused)?(__\d+)?$", "", base, count=1) + "_fused"
+
+
 def graph_of(match: Match) -> Graph:
     return match.nodes[0].graph
 
@@ -102,9 +108,9 @@ def fused_conv(graph: Graph, conv: Node, weight: np.ndarray, bias: np.ndarray, o
     ``output``, placed before ``before``."""
     old_weight = conv.input(1)
     like = old_weight.constant_value()
-    new_weight = graph.add_initializer(f"{old_weight.name}_fused", cast_like(weight, like))
+    new_weight = graph.add_initializer(fused_name(old_weight.name), cast_like(weight, like))
     bias_name = conv.input(2).name if conv.input(2) is not None else f"{conv.name}_bias"
-    new_bias = graph.add_initializer(f"{bias_name}_fused", cast_like(bias, like))
+    new_bias = graph.add_initializer(fused_name(bias_name), cast_like(bias, like))
     return graph.add_node(conv.op_type, [conv.input(0), new_weight, new_bias], outputs=[output],
                           name=conv.name, attributes=dict(conv.attributes), before=before)
 
