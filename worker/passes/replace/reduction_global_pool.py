@@ -43,7 +43,9 @@ class _ReduceRule(FusionRule):
                 return f"{describe(node)} drops the reduced dims (keepdims=0), and global pooling keeps them"
             axes = reduced_axes(node, ctx.opset(), rank)
             if axes is None:
-                return f"the axes of {describe(node)} are not constants"
+                given = node.input(1) is not None or node.has_attr("axes")
+                return f"the axes of {describe(node)} are not constants" if given else \
+                    f"{describe(node)} reduces every dim, not only the spatial ones"
             covered += sorted(axes)
         if sorted(covered) != list(range(2, rank)):
             return f"the reductions at {describe(first)} average dims {sorted(covered)}, not exactly the spatial dims"

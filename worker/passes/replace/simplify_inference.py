@@ -26,7 +26,7 @@ def absorbing_consumer(match: Match):
     """(consumer, takes_mul, takes_add): whether the one op reading the output folds a Mul / an Add."""
     out = match.value("out")
     consumers = out.consumers()
-    if out.is_graph_output or len(consumers) != 1:
+    if out.is_graph_output or len(consumers) != 1 or len(out.uses) != 1:
         return None, False, False
     node = consumers[0]
     if node.input(0) is not out or node.input(1) is None or constant_refusal(node, 1, "weights"):
