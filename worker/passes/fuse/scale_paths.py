@@ -151,10 +151,11 @@ class TravellingScale(FusionRule):
 
     def rewrite(self, ctx: PassContext, match: Match):
         x, out, graph = match.value("x"), match.value("out"), graph_of(match)
-        self.orphan(*apply(self._plan(match), self._factor(match)), match.value("k"))
+        plan = self._plan(match)
+        self.orphan(*apply(plan, self._factor(match)), match.value("k"))
         if not graph.bypass(out, x):
             raise AssertionError("checked: bypass possible")
-        return []
+        return list(dict.fromkeys(node for node, _ in plan.scaled))  # traced as where the factor went
 
 
 def _can_rename(match: Match) -> bool:
