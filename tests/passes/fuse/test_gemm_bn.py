@@ -1,8 +1,9 @@
 """gemm_bn_fuse: BatchNormalization after Gemm / 2-D MatMul folds into B and C; refusals."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import tensor, vinfo
 from tests.passes.fuse.builders import inferred_model
@@ -43,3 +44,13 @@ def test_refusals(tmp_path):
     model = inferred_model(nodes, [vinfo("x", shape=[3, 4]), vinfo("w", shape=[4, 6])], ["y"], stats)
     out = optimize(tmp_path, model, [PASS])
     assert out.refused("the weights of Gemm 'g' ('w') are not constants")
+
+
+def test_double_weights_stay_double(tmp_path):
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], name="g"), bn_node("g", "y")]
+    stats = [tensor(t.name, numpy_helper.to_array(t).astype(np.float64)) for t in bn_tensors(6)]
+    model = inferred_model(nodes, [vinfo("x", TensorProto.DOUBLE, [3, 4])], ["y"],
+                           [tensor("w", floats(4, 6).astype(np.float64)), *stats])
+    out = optimize(tmp_path, model, [PASS])
+    assert out.ops == ["Gemm"]
+    assert out.node("Gemm").input(1).constant_value().dtype == np.float64

@@ -17,7 +17,7 @@ import numpy as np
 from worker.ir import Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.rewrite import FusionRule, describe, fused_name, graph_of, run_rules
-from worker.passes.fuse.weights import FLOAT_TYPES, f64
+from worker.passes.fuse.weights import FLOAT_TYPES, f64, numpy_dtype
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
 
@@ -48,7 +48,7 @@ def gemm(graph, ctx: PassContext, inputs: list, output: Value, attributes: dict,
     """A Gemm node; before opset 11, where C is required, a zero scalar C is added when there is none."""
     if len(inputs) < 3 and ctx.opset() < 11:
         like = inputs[0]
-        zero = np.zeros((), dtype={10: np.float16, 11: np.float64}.get(like.dtype, np.float32))
+        zero = np.zeros((), dtype=numpy_dtype(like.dtype))
         inputs = [*inputs, graph.add_initializer(f"{name}_zero_bias", zero)]
     return graph.add_node("Gemm", inputs, outputs=[output], name=name, attributes=attributes, before=before)
 

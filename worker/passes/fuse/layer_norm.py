@@ -16,7 +16,7 @@ import numpy as np
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.common import axes_of
 from worker.passes.fuse.rewrite import FusionRule, describe, graph_of, run_rules
-from worker.passes.fuse.weights import FLOAT_TYPES
+from worker.passes.fuse.weights import FLOAT_TYPES, numpy_dtype
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
 
@@ -117,7 +117,7 @@ class LayerNormChain(FusionRule):
     def rewrite(self, ctx: PassContext, match: Match):
         x, graph = match.value("x"), graph_of(match)
         axis = self._axis(ctx, match)
-        dtype = np.dtype({10: np.float16, 11: np.float64}.get(x.dtype, np.float32))
+        dtype = numpy_dtype(x.dtype)
         if "gamma" in match:
             gamma = affine_constant(match.value("gamma"), x.shape, axis).astype(dtype)
         else:

@@ -14,6 +14,11 @@ FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOU
 CONV_OPS = ("Conv", "ConvTranspose")
 
 
+def numpy_dtype(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX float element type (float32 when unknown)."""
+    return np.dtype({TensorProto.FLOAT16: np.float16, TensorProto.DOUBLE: np.float64}.get(elem_type, np.float32))
+
+
 def f64(array: np.ndarray) -> np.ndarray:
     return np.asarray(array, dtype=np.float64)
 

@@ -17,7 +17,7 @@ import numpy as np
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.conv_bn import batchnorm_affine, batchnorm_refusal
 from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, graph_of, new_value, run_rules
-from worker.passes.fuse.weights import cast_like
+from worker.passes.fuse.weights import cast_like, numpy_dtype
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
 
@@ -82,7 +82,7 @@ class BatchNormToAffine(FusionRule):
         plan = self.plan(match)
         a, b = plan["a"], plan["b"]
         shape = (a.size,) + (1,) * (x.rank - 2)
-        like = np.zeros(0, dtype={10: np.float16, 11: np.float64}.get(x.dtype, np.float32))
+        like = np.zeros(0, dtype=numpy_dtype(x.dtype))
         steps = [("Add", b / a), ("Mul", a)] if plan["add_first"] else [("Mul", a), ("Add", b)]
         steps = [(op, v) for op, v in steps if plan[op.lower()]] or [("Mul", a)]
         nodes, current = [], x
