@@ -56,12 +56,22 @@ def optimize(tmp_path: Path, proto: onnx.ModelProto, passes: Sequence[str], *, s
     opts = OptimizeOptions(input_shapes=shapes or {}, **options)
     ctx = PassContext(model, opts, parse_places(opts.places))
     trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", *passes])
+    assert_typed(model)
     after = tmp_path / "after.onnx"
     save_model(model, after)
     onnx.checker.check_model(onnx.load(str(after)), full_check=True)
     if check:
         assert_same_outputs(before, after, shapes, seed, fixed)
     return Outcome(model, after, trace, [n.op_type for n in model.graph])
+
+
+def assert_typed(model: Model) -> None:
+    """Every value a node produces carries a dtype and a shape (type inference runs only once, first)."""
+    for graph in model.graph.all_graphs():
+        for node in graph:
+            for value in node.outputs:
+                if value.is_used:
+                    assert value.dtype and value.shape is not None, f"{value!r} made by {node!r} is untyped"
 
 
 def assert_same_outputs(before: Path, after: Path, shapes: dict | None = None, seed: int = 0,

@@ -1,11 +1,12 @@
 """The simplify fixed point (cleanup, fusions, replacements) on every real model: the IR stays consistent
-after every pass, the node count never grows, and the outputs agree with the input model within rtol 1e-4 /
-atol 1e-5 on three seeded random inputs (onnxruntime, in a child process)."""
+after every pass, every value stays typed, the node count never grows, and the outputs agree with the input
+model within rtol 1e-4 / atol 1e-5 on three seeded random inputs (onnxruntime, in a child process)."""
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import all_models, model_id, shapes_for
+from tests.passes.fuse.harness import assert_typed
 from worker.ir import load_model, save_model
 from worker.ir.verify import VerifyInstrument
 from worker.numeric import verify
@@ -24,6 +25,7 @@ def simplify(path, out_path):
     ctx = PassContext(model, options, parse_places(options.places))
     trace = PassManager(instruments=[VerifyInstrument()]).run(
         ctx, ["type_inference", FixedPoint("simplify", SIMPLIFY, max_iterations=8)])
+    assert_typed(model)
     save_model(model, out_path)
     return before, len(model.graph), trace
 
