@@ -49,13 +49,13 @@ class ConvAffine(FusionRule):
 
     def rewrite(self, ctx: PassContext, match: Match):
         conv = match.node("conv")
-        vector, weight = self._vector(match), conv.input(1).constant_value()
+        vector, weight = self._vector(match), None
         bias = conv_bias(conv, vector.size)
         if self.op in ("Add", "Sub"):
             bias = bias + vector if self.op == "Add" else bias - vector
         else:
             factor = vector if self.op == "Mul" else 1.0 / vector
-            weight = scale_conv_outputs(conv.op_type, weight, factor, conv.attr("group", 1))
+            weight = scale_conv_outputs(conv.op_type, conv.input(1).constant_value(), factor, conv.attr("group", 1))
             bias = bias * factor
         self.orphan(*conv.inputs[1:], match.value("c"))
         return fused_conv(graph_of(match), conv, weight, bias, match.value("out"), before=match.node("affine"))

@@ -86,12 +86,17 @@ class _Fold(FusionRule):
             return f"the divisor {match.value('k').name!r} has zeros"
         return None
 
-    def rebuild(self, match: Match, data, weight: np.ndarray, bias: np.ndarray | None, *, beta_one=False):
+    def rebuild(self, match: Match, data, weight: np.ndarray | None = None, bias: np.ndarray | None = None, *,
+                beta_one: bool = False):
+        """The linear op again, reading ``data``; ``weight``/``bias`` are new arrays, or None to keep its own."""
         node, graph = self.linear(match), graph_of(match)
         like = node.input(1).constant_value()
-        inputs = [data, graph.add_initializer(fused_name(node.input(1).name), cast_like(weight, like))]
+        inputs = [data, node.input(1) if weight is None else
+                  graph.add_initializer(fused_name(node.input(1).name), cast_like(weight, like))]
         if bias is not None:
             inputs.append(graph.add_initializer(fused_name(f"{node.name}_bias"), cast_like(bias, like)))
+        elif node.input(2) is not None:
+            inputs.append(node.input(2))
         self.orphan(*node.inputs[1:], match.value("k"))
         new = graph.add_node(node.op_type, inputs, outputs=[match.value("out")], name=node.name,
                              attributes=dict(node.attributes), before=node)
@@ -124,8 +129,7 @@ class ScaleBefore(_Fold):
     def rewrite(self, ctx: PassContext, match: Match):
         node, vector = self.linear(match), self.vector(match)
         factor = vector if self.op == "Mul" else 1.0 / vector
-        bias = None if node.input(2) is None else f64(node.input(2).constant_value())
-        return self.rebuild(match, match.value("x"), scale_rows(node, node.input(1).constant_value(), factor), bias)
+        return self.rebuild(match, match.value("x"), scale_rows(node, node.input(1).constant_value(), factor))
 
 
 class ShiftBefore(_Fold):
@@ -160,11 +164,11 @@ class ShiftBefore(_Fold):
         old_bias = None if node.input(2) is None else f64(node.input(2).constant_value())
         if node.op_type == "Conv":
             added = conv_of_constant(weight, shift, node.attr("group", 1))
-            return self.rebuild(match, match.value("x"), f64(weight), added if old_bias is None else old_bias + added)
+            return self.rebuild(match, match.value("x"), bias=added if old_bias is None else old_bias + added)
         effective = f64(weight).T if node.attr("transB", 0) else f64(weight)
         added = float(node.attr("alpha", 1.0)) * (shift @ effective)
         bias = added if old_bias is None else float(node.attr("beta", 1.0)) * old_bias + added
-        return self.rebuild(match, match.value("x"), f64(weight), bias, beta_one=True)
+        return self.rebuild(match, match.value("x"), bias=bias, beta_one=True)
 
 
 class ScaleShiftBefore(ScaleBefore):
@@ -206,9 +210,8 @@ class ScaleShiftBefore(ScaleBefore):
         moved = graph.add_node("Add", [x, offset], outputs=[new_value(graph, f"{x.name}_shifted", x)],
                                name=match.node("shift").name, before=node)
         self.orphan(match.value("b"))
-        bias = None if node.input(2) is None else f64(node.input(2).constant_value())
         weight = scale_rows(node, node.input(1).constant_value(), scale)
-        return [moved, self.rebuild(match, moved.output(), weight, bias)]
+        return [moved, self.rebuild(match, moved.output(), weight)]
 
 
 class ScaleAfter(_Fold):

@@ -102,13 +102,14 @@ def conv_bias(conv: Node, channels: int) -> np.ndarray:
     return np.asarray(value.constant_value(), dtype=np.float64)
 
 
-def fused_conv(graph: Graph, conv: Node, weight: np.ndarray, bias: np.ndarray, output: Value, *,
+def fused_conv(graph: Graph, conv: Node, weight: np.ndarray | None, bias: np.ndarray, output: Value, *,
                before: Node) -> Node:
-    """A copy of ``conv`` with new weight and bias arrays (cast to the old weights' type) producing
-    ``output``, placed before ``before``."""
+    """A copy of ``conv`` producing ``output`` with a new bias and new weights (None: its own weights), cast
+    to the old weights' type, placed before ``before``."""
     old_weight = conv.input(1)
     like = old_weight.constant_value()
-    new_weight = graph.add_initializer(fused_name(old_weight.name), cast_like(weight, like))
+    new_weight = old_weight if weight is None else \
+        graph.add_initializer(fused_name(old_weight.name), cast_like(weight, like))
     bias_name = conv.input(2).name if conv.input(2) is not None else f"{conv.name}_bias"
     new_bias = graph.add_initializer(fused_name(bias_name), cast_like(bias, like))
     return graph.add_node(conv.op_type, [conv.input(0), new_weight, new_bias], outputs=[output],
