@@ -150,3 +150,12 @@ def test_fusion_inside_a_loop_body(tmp_path):
     out = optimize(tmp_path, model, [PASS])
     inner = out.node("Loop").attr("body")
     assert [n.op_type for n in inner] == ["Conv", "Identity"] and out.rewrites(PASS) == 1
+
+
+def test_weights_that_do_not_fit_the_group_are_refused(tmp_path):
+    # ConvTranspose weights are [C_in, C_out/group, ...]: 4 input channels cannot split into 3 groups
+    model = conv_bn_model(op="ConvTranspose")
+    next(a for a in model.graph.node[0].attribute if a.name == "group").i = 3
+    out = optimize(tmp_path, model, [PASS], check=False, valid=False)
+    assert out.ops == ["ConvTranspose", "BatchNormalization"]
+    assert out.refused("have shape [4, 8, 3, 3], which does not fit group=3")

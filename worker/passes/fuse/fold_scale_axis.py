@@ -21,7 +21,7 @@ import numpy as np
 
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.rewrite import (
-    FusionRule, constant_refusal, describe, fused_name, graph_of, new_value, run_rules,
+    FusionRule, constant_refusal, conv_refusal, describe, fused_name, graph_of, new_value, run_rules,
 )
 from worker.passes.fuse.weights import (
     cast_like, channel_vector, conv_in_channels, conv_of_constant, f64, scale_conv_inputs,
@@ -68,9 +68,12 @@ class _Fold(FusionRule):
 
     def check(self, ctx: PassContext, match: Match) -> str | None:
         node = self.linear(match)
-        refusal = constant_refusal(node, 1, "weights")
-        if refusal is None and node.input(2) is not None:
-            refusal = constant_refusal(node, 2, "bias")
+        if node.op_type in ("Conv", "ConvTranspose"):
+            refusal = conv_refusal(node)
+        else:
+            refusal = constant_refusal(node, 1, "weights")
+            if refusal is None and node.input(2) is not None:
+                refusal = constant_refusal(node, 2, "bias")
         if refusal:
             return refusal
         before, after = (match.value("x"), match.value("t")) if "t" in match else (match.value("y"), match.value("out"))

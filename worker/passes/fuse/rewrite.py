@@ -90,8 +90,14 @@ def constant_refusal(node: Node, slot: int, what: str) -> str | None:
 
 def conv_refusal(conv: Node) -> str | None:
     """Why a Conv/ConvTranspose's weights and bias cannot absorb a per-channel factor."""
-    return constant_refusal(conv, 1, "weights") or (
+    refusal = constant_refusal(conv, 1, "weights") or (
         constant_refusal(conv, 2, "bias") if conv.input(2) is not None else None)
+    if refusal:
+        return refusal
+    weight, group = conv.input(1).constant_value(), conv.attr("group", 1)
+    if weight.ndim < 3 or group < 1 or weight.shape[0] % group:
+        return f"the weights of {describe(conv)} have shape {list(weight.shape)}, which does not fit group={group}"
+    return None
 
 
 def conv_bias(conv: Node, channels: int) -> np.ndarray:

@@ -16,7 +16,9 @@ import numpy as np
 
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.fuse.conv_bn import batchnorm_affine, batchnorm_refusal
-from worker.passes.fuse.rewrite import FusionRule, constant_refusal, describe, graph_of, new_value, run_rules
+from worker.passes.fuse.rewrite import (
+    FusionRule, constant_refusal, conv_refusal, describe, graph_of, new_value, run_rules,
+)
 from worker.passes.fuse.weights import cast_like, numpy_dtype
 from worker.passes.registry import register_pass
 from worker.pattern import Match, Pattern
@@ -31,7 +33,7 @@ def absorbing_consumer(match: Match):
     node = consumers[0]
     if node.input(0) is not out or node.input(1) is None or constant_refusal(node, 1, "weights"):
         return node, False, False
-    if node.op_type == "Conv":
+    if node.op_type == "Conv" and conv_refusal(node) is None:
         unpadded = not any(node.attr("pads", ())) and node.attr("auto_pad", "NOTSET") in ("NOTSET", "VALID")
         return node, True, unpadded
     if node.op_type == "Gemm" and out.rank == 2 and not node.attr("transA", 0):
