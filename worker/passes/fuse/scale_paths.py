@@ -24,7 +24,7 @@ from worker.passes.fuse.weights import cast_like, f64
 from worker.pattern import Match, Pattern
 
 SHAPE_ONLY = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-MAX_STEPS = 16
+MAX_STEPS = 32
 
 
 @dataclass
@@ -47,36 +47,33 @@ def _private(value: Value) -> bool:
     return not value.is_graph_output and len(value.uses) == 1
 
 
-def backward(value: Value, steps: int = 0) -> Plan | None:
-    """How to multiply ``value`` by the factor by changing constants upstream, or None."""
+def backward(value: Value, budget: list[int] | None = None) -> Plan | None:
+    """How to multiply ``value`` by the factor by changing constants upstream, or None.
+
+    ``budget`` bounds the ops visited (the search branches at every MatMul or Mul of two activations).
+    """
+    budget = [MAX_STEPS] if budget is None else budget
+    budget[0] -= 1
     node = value.producer
-    if node is None or node.domain or steps > MAX_STEPS or not _private(value) or value.producer_slot != 0:
+    if node is None or node.domain or budget[0] < 0 or not _private(value) or value.producer_slot != 0:
         return None
     if node.op_type in SHAPE_ONLY:
-        return backward(node.input(0), steps + 1) if node.input(0) is not None else None
-    if node.op_type in ("Conv", "ConvTranspose") and _float_constant(node.input(1)):
-        if node.input(2) is not None and not _float_constant(node.input(2)):
+        return backward(node.input(0), budget) if node.input(0) is not None else None
+    if node.op_type in ("Conv", "ConvTranspose", "Gemm") and _float_constant(node.input(1)):
+        bias = node.input(2)
+        if bias is not None and not _float_constant(bias):
             return None
-        return Plan([(node, 1)] + ([(node, 2)] if node.input(2) is not None else []))
-    if node.op_type == "Gemm" and _float_constant(node.input(1)):
-        if node.input(2) is not None and not _float_constant(node.input(2)):
-            return None
-        return Plan([(node, 1)] + ([(node, 2)] if node.input(2) is not None else []))
-    if node.op_type == "MatMul":
+        return Plan([(node, 1)] + ([(node, 2)] if bias is not None else []))
+    if node.op_type in ("MatMul", "Mul"):
         for slot in (1, 0):
             if _float_constant(node.input(slot)):
                 return Plan([(node, slot)])
-        return _first(backward(node.input(slot), steps + 1) for slot in (0, 1))
-    if node.op_type == "Mul":
-        for slot in (1, 0):
-            if _float_constant(node.input(slot)):
-                return Plan([(node, slot)])
-        return _first(backward(node.input(slot), steps + 1) for slot in (0, 1))
+        return _first(backward(node.input(slot), budget) for slot in (0, 1))
     if node.op_type in ("Add", "Sub"):
         for slot in (1, 0):
             other = node.input(1 - slot)
             if _float_constant(node.input(slot)) and other is not None:
-                upstream = backward(other, steps + 1)
+                upstream = backward(other, budget)
                 return None if upstream is None else Plan(upstream.scaled + [(node, slot)])
     return None
 
@@ -92,9 +89,9 @@ def forward(value: Value, steps: int = 0) -> Plan | None:
         return forward(node.output(0), steps + 1)
     if node.op_type in ("Conv", "ConvTranspose", "Gemm") and slot == 0 and _float_constant(node.input(1)):
         return Plan([(node, 1)])
-    if node.op_type in ("MatMul", "Mul") and slot in (0, 1) and _float_constant(node.input(1 - slot)):
-        return Plan([(node, 1 - slot)])
-    if node.op_type in ("Mul", "MatMul") and slot in (0, 1):
+    if node.op_type in ("MatMul", "Mul") and slot in (0, 1):
+        if _float_constant(node.input(1 - slot)):
+            return Plan([(node, 1 - slot)])
         return forward(node.output(0), steps + 1)
     return None
 
