@@ -73,8 +73,16 @@ CLEANUP: tuple[str, ...] = (
     "eliminate_unused_initializer",
 )
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
-FUSE: tuple[str, ...] = ()
-REPLACE: tuple[str, ...] = ()
+#: Order: activation/normalization chains are recognised by their constants before any fold moves those
+#: constants into weights; BatchNormalization absorbs its trailing affine before it folds into a conv.
+FUSE: tuple[str, ...] = (
+    "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
+    "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse", "fc_fuse", "gemm_bn_fuse", "fold_scale_axis",
+)
+REPLACE: tuple[str, ...] = (
+    "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",
+    "prelu_leaky_relu_replace", "conv_gemm_replace", "transpose_softmax_transpose_fuse",
+)
 #: All of the above, repeated together until nothing changes: a fusion often exposes an elimination and the
 #: other way round.
 SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
