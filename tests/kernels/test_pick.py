@@ -38,9 +38,19 @@ def test_grade_is_paddle_lites_formula():
     best = grade(resolve(kernel("arm", "fp16", "nhwc"), node), node, places)
     assert best.score == (445 * 1.0 + 1) * 2 * 2
     second = grade(resolve(kernel("arm", "fp32", "nchw"), node), node, places)
-    # vs place 0 the fp32 kernel only matches the target (255); vs place 1 fully, weighted 3/4; its input
-    # is fp16, not compatible with fp32: no +1 and no doubling for precision.
-    assert second.score == max(255, 445 * 0.75) * 2
+    # vs place 0 the fp32 kernel only matches the target (255); vs place 1 fully, weighted 3/4; fp16 and
+    # fp32 count as compatible (Paddle-Lite's PrecTypeCompatible), so +1 and both doublings.
+    assert second.score == (max(255, 445 * 0.75) + 1) * 2 * 2
+    int64 = NodeFacts("Relu", "", 13, (ValueFacts(dtype=I64, rank=4, precision=Precision.INT64),),
+                      (ValueFacts(dtype=I64, rank=4),))
+    any_kernel = grade(resolve(kernel("arm", "any", "any"), int64), int64, places)
+    assert any_kernel.score == (445 + 1) * 2 * 2
+
+
+def test_int8_and_float_precisions_are_not_compatible():
+    from worker.kernels.pick import compatible
+    assert compatible(Precision.FP32, Precision.FP16) and compatible(Precision.INT64, Precision.ANY)
+    assert not compatible(Precision.INT8, Precision.FP32) and not compatible(Precision.INT64, Precision.INT32)
 
 
 def test_target_outweighs_precision_and_layout_together():

@@ -47,7 +47,7 @@ def test_arm_declares_nhwc_conv_with_xnnpack_constraints():
     nhwc = next(k for k in kernels if k.layout is Layout.NHWC)
     assert nhwc.constraints["rank"] == (4,)
     assert nhwc.constraints["constant_inputs"] == (1, 2)
-    assert [p.layout for p in nhwc.inputs] == ["same", "same", "any"]
+    assert [p.layout for p in nhwc.inputs] == ["same", "same", "nchw"]  # data and weights NHWC, bias plain
 
 
 def test_shape_inputs_of_device_kernels_are_read_from_host():

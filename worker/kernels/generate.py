@@ -325,9 +325,9 @@ def own_domain_entries(target: str, spec: dict) -> list[dict]:
                     raise ValueError(f"{target}: {op} has no NHWC form")
                 follows_in = slots[0] if slots else range(len(names))
                 follows_out = slots[1] if slots else range(len(outputs))
-                inputs = [Port(n, SAME, SAME if i in follows_in else ANY, optional=i in optional)
+                inputs = [Port(n, SAME, SAME if i in follows_in else "nchw", optional=i in optional)
                           for i, n in enumerate(names)]
-                outs = [Port(n, SAME, SAME if i in follows_out else ANY) for i, n in enumerate(outputs)]
+                outs = [Port(n, SAME, SAME if i in follows_out else "nchw") for i, n in enumerate(outputs)]
                 for precision in row["precisions"]:
                     out.append(entry(op, OWN, 1, None, precision, kernel_layout(op, OWN, layout), inputs,
                                      outs, row["origin"], types=row.get("types"),

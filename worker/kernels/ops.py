@@ -13,7 +13,8 @@ ACTIVATIONS = ("Relu", "Relu6", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwis
 FUSED_BASES = ("FusedConv", "FusedConvTranspose", "FusedGemm", "FusedMatMul", "FusedAdd")
 
 #: Ops whose result element i depends only on element i of each (broadcast) operand: layout-agnostic as
-#: long as every operand of rank 4 shares the layout.
+#: long as every operand of rank 4 shares the layout (QuantizeLinear / DequantizeLinear with per-tensor
+#: parameters; a per-axis one reads a rank-1 scale along an axis, which kernel pick keeps nchw).
 LAYOUT_AGNOSTIC = frozenset({
     "Abs", "Acos", "Acosh", "Add", "And", "Asin", "Asinh", "Atan", "Atanh", "BitShift", "BitwiseAnd",
     "BitwiseNot", "BitwiseOr", "BitwiseXor", "Cast", "CastLike", "Ceil", "Celu", "Clip", "Cos", "Cosh", "Div",
@@ -21,7 +22,7 @@ LAYOUT_AGNOSTIC = frozenset({
     "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu", "Less", "LessOrEqual", "Log", "Max", "Mean", "Min",
     "Mish", "Mod", "Mul", "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu", "Round", "Selu", "Shrink",
     "Sigmoid", "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tan", "Tanh",
-    "ThresholdedRelu", "Where", "Xor",
+    "ThresholdedRelu", "Where", "Xor", "QuantizeLinear", "DequantizeLinear",
 })
 
 #: Own-domain ops that are layout-agnostic (casts move or convert data element by element).

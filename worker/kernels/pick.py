@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from worker.kernels.ops import nhwc_slots
 from worker.kernels.schema import ANY, SAME, Kernel, Port
 from worker.places import Layout, Place, Precision, ValidPlaces
 
@@ -42,6 +43,7 @@ class ValueFacts:
     layout: Layout = Layout.NCHW        # its current layout
     is_tensor: bool = True
     numel: int | None = None
+    used: bool = True                   # for outputs: read by some node or a graph output
 
     @property
     def element(self) -> str | None:
@@ -54,7 +56,7 @@ class NodeFacts:
     domain: str
     opset: int
     inputs: tuple[ValueFacts | None, ...]
-    outputs: tuple[ValueFacts | None, ...]        # None: output slot not produced / unused
+    outputs: tuple[ValueFacts | None, ...]
     attributes: Mapping[str, Any] = field(default_factory=dict)  # with schema defaults filled in
     name: str = ""
 
@@ -87,12 +89,21 @@ class Scored:
 
 # --- applicability ----------------------------------------------------------------------------------------
 def first_place(kernel: Kernel, places: ValidPlaces) -> int | None:
-    """Index of the first valid place the kernel runs in, None when it fits none: a kernel is a candidate
-    only in a place the user allows (Paddle-Lite creates kernels per valid place, widened to ``any``)."""
+    """Index of the first valid place the kernel runs in, None when it fits none.
+
+    A kernel is a candidate only in a place the user allows (Paddle-Lite creates kernels per valid place,
+    widened to precision and layout ``any``). A place's precision chooses how floats are computed; kernels
+    of integer, boolean or int8 data (shape arithmetic, masks, quantize / dequantize) fit any place of
+    their target, and lose to a float kernel of the place's precision on score. A place's layout chooses
+    between the NCHW and NHWC kernels of layout-sensitive ops (convolutions, pools); the kernels of ops that
+    have no NHWC form (MatMul, Softmax, Reshape) read plain tensors and fit any layout.
+    """
+    plain = nhwc_slots(kernel.op, kernel.domain) is None
     for index, place in enumerate(places):
         if (kernel.target == place.target.name
-                and (kernel.precision is place.precision or Precision.ANY in (kernel.precision, place.precision))
-                and (kernel.layout is place.layout or Layout.ANY in (kernel.layout, place.layout))):
+                and (kernel.precision is place.precision or kernel.precision not in FLOATS
+                     or place.precision is Precision.ANY)
+                and (kernel.layout is place.layout or Layout.ANY in (kernel.layout, place.layout) or plain)):
             return index
     return None
 
@@ -118,7 +129,7 @@ def _dtype_refusal(kernel: Kernel, node: NodeFacts) -> str | None:
                                    ("output", node.outputs, kernel.output_port)):
         for slot, value in enumerate(values):
             port = port_of(slot)
-            if value is None or port is None or not value.dtype:
+            if value is None or port is None or not value.dtype or not value.used:
                 continue
             if not _accepts(kernel, port, value):
                 return (f"{kernel.id} does not take {value.element or value.dtype} at {label} {slot} "
@@ -126,11 +137,26 @@ def _dtype_refusal(kernel: Kernel, node: NodeFacts) -> str | None:
     return None
 
 
+_OTHER_FLOAT = {"float": "float16", "float16": "float"}
+
+
+def _free_port_type(port: Port, value: ValueFacts) -> Precision:
+    """What a precision ``any`` port with listed types wants of ``value``: ANY (as it is) or a float."""
+    if port.types is None or value.element in port.types:
+        return Precision.ANY
+    other = _OTHER_FLOAT.get(value.element or "")
+    if other in port.types:
+        return Precision.FP32 if other == "float" else Precision.FP16
+    return Precision.ANY
+
+
 def _accepts(kernel: Kernel, port: Port, value: ValueFacts) -> bool:
     declared = kernel.precision.value if port.precision == SAME else port.precision
     if declared == ANY:
-        bound = port.precision == SAME
-        return not (bound and kernel.types is not None and value.element not in kernel.types)
+        if port.precision != SAME:
+            return (port.types is None or value.element in port.types
+                    or _OTHER_FLOAT.get(value.element or "") in port.types)
+        return not (kernel.types is not None and value.element not in kernel.types)
     precision = Precision(declared)
     if precision in FLOATS:
         return value.dtype in (1, 10)        # float or float16: a calib converts between them
@@ -155,7 +181,7 @@ def _constraint_refusal(kernel: Kernel, node: NodeFacts) -> str | None:
         if value not in allowed:
             return f"{kernel.id} needs attribute {name} in {list(allowed)}, got {value!r}"
     if "max_outputs" in constraints:
-        produced = sum(1 for v in node.outputs if v is not None)
+        produced = max((i + 1 for i, v in enumerate(node.outputs) if v is not None and v.used), default=0)
         if produced > constraints["max_outputs"]:
             return f"{kernel.id} produces at most {constraints['max_outputs']} output(s), the node uses {produced}"
     if "group" in constraints:
@@ -190,6 +216,8 @@ def resolve(kernel: Kernel, node: NodeFacts, host_target: str = "host") -> Resol
         if port is None:
             return Precision.ANY, Layout.ANY, kernel.target
         p = precision if port.precision == SAME else Precision(port.precision)
+        if p is Precision.ANY and port.precision != SAME and value is not None:
+            p = _free_port_type(port, value)
         l = layout if port.layout == SAME else Layout(port.layout)
         return p, l, port.target or kernel.target
 
@@ -237,7 +265,9 @@ def place_match(kernel: Kernel, place: Place) -> int:
 
 
 def compatible(current: Precision, declared: Precision) -> bool:
-    return current is declared or Precision.ANY in (current, declared)
+    """Paddle-Lite's PrecTypeCompatible: equal, ``any``, or fp32 and fp16 (a calib converts them cheaply)."""
+    return (current is declared or Precision.ANY in (current, declared)
+            or (current in FLOATS and declared in FLOATS))
 
 
 def grade(resolved: Resolved, node: NodeFacts, places: ValidPlaces, order: int = 0) -> Scored:

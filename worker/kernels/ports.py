@@ -100,8 +100,10 @@ def ports(sig: OpSignature, op: str, *, device: bool, param_types: dict | None =
           layout_slots: tuple[Sequence[int], Sequence[int]] | None = None) -> tuple[list[Port], list[Port]]:
     """Declared inputs and outputs of a kernel of ``op`` with signature ``sig``.
 
-    ``param_types`` narrows type parameters to what the kernel registers (onnxruntime's type constraints);
-    ``layout_slots`` limits which primary ports follow the kernel layout (NHWC kernels), None meaning all.
+    ``param_types`` narrows type parameters to what the kernel registers (onnxruntime's type constraints).
+    Every port follows the kernel's layout (only rank-4 tensors have one, so shape and scalar inputs are
+    unaffected), except on NHWC kernels, where ``layout_slots`` names the ports that carry NHWC data and
+    the others read plain (nchw) tensors.
     """
     primary = primary_param(sig, op)
     types = dict(sig.params)
@@ -110,19 +112,22 @@ def ports(sig: OpSignature, op: str, *, device: bool, param_types: dict | None =
 
     def port(formal: Formal, slot: int, is_input: bool) -> Port:
         bound = formal.type_str == primary and primary is not None
+        allowed = None
         if bound:
             precision = SAME
         elif formal.type_str in types:
             precision = precision_of_types(types[formal.type_str])
+            allowed = tuple(sorted(types[formal.type_str])) if precision == ANY else None
         else:
             name = element_name(formal.type_str)
             precision = TYPE_PRECISION.get(name, ANY) if name else ANY
+            allowed = (name,) if name and precision == ANY else None
         if layout_slots is not None:
-            follows = slot in (layout_slots[0] if is_input else layout_slots[1])
+            layout = SAME if slot in (layout_slots[0] if is_input else layout_slots[1]) else "nchw"
         else:
-            follows = bound
+            layout = SAME
         target = "host" if device and is_input and slot in shape_inputs else None
-        return Port(formal.name, precision, SAME if follows else ANY, target, formal.optional, formal.variadic)
+        return Port(formal.name, precision, layout, target, formal.optional, formal.variadic, allowed or None)
 
     return ([port(f, i, True) for i, f in enumerate(sig.inputs)],
             [port(f, i, False) for i, f in enumerate(sig.outputs)])

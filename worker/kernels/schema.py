@@ -55,9 +55,14 @@ class Port:
     target: str | None = None
     optional: bool = False
     variadic: bool = False
+    #: For precision ``any``: the element types the op accepts there (None: all). A float arriving in a
+    #: type not listed is converted to the listed one (an fp16 value into a port that takes only float).
+    types: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "precision": self.precision, "layout": self.layout}
+        if self.types is not None:
+            out["types"] = list(self.types)
         if self.target is not None:
             out["target"] = self.target
         if self.optional:
@@ -164,7 +169,7 @@ def _frozen(value: Any) -> Any:
 
 _ENTRY_KEYS = {"op", "domain", "since", "until", "precision", "layout", "variant", "types", "inputs", "outputs",
                "constraints", "origin", "target"}
-_PORT_KEYS = {"name", "precision", "layout", "target", "optional", "variadic"}
+_PORT_KEYS = {"name", "precision", "layout", "target", "optional", "variadic", "types"}
 
 
 def kernel_from_dict(data: Mapping[str, Any], *, target: str, where: str, default_origin: str = "",
@@ -238,8 +243,8 @@ def _port(data: Any, where: str) -> Port:
         key = tuple(data.items())
         try:
             cached = _PORT_CACHE.get(key)
-        except TypeError:  # unhashable values: validate below, which reports them
-            cached = None
+        except TypeError:  # unhashable values (the types list): validate without the cache
+            return _parse_port(data, where)
         if cached is not None:
             return cached
         port = _parse_port(data, where)
@@ -271,7 +276,13 @@ def _parse_port(data: Any, where: str) -> Port:
     for key, flag in flags.items():
         if not isinstance(flag, bool):
             raise KernelTableError(f"{where}: port {key!r} must be true or false")
-    return Port(name, precision, layout, target, flags["optional"], flags["variadic"])
+    types = data.get("types")
+    if types is not None:
+        if precision != ANY or not isinstance(types, list) or not types or not set(types) <= ELEMENT_TYPES:
+            raise KernelTableError(f"{where}: port 'types' must be a non-empty list of ONNX element type "
+                                   f"names, on a port of precision 'any'")
+        types = tuple(types)
+    return Port(name, precision, layout, target, flags["optional"], flags["variadic"], types)
 
 
 def _types(data: Mapping, precision: Precision, where: str) -> tuple[str, ...] | None:
