@@ -26,7 +26,7 @@ from typing import Any, Iterable
 from onnx import defs
 
 from worker.kernels import ports as P
-from worker.kernels.ops import ACTIVATIONS, is_layout_agnostic, nhwc_slots
+from worker.kernels.ops import ACTIVATIONS, NHWC_ARITY, NHWC_PREFIX, NHWC_SLOTS, is_layout_agnostic, nhwc_slots
 from worker.kernels.schema import ANY, SAME, Port
 from worker.kernels.table import DATA_DIR
 
@@ -122,7 +122,26 @@ def build_host() -> dict[str, Any]:
         for op in names:
             kernels.extend(_host_op(op, domain))
     kernels.extend(own_domain_entries("host", _host_own_spec()))
+    kernels.extend(_host_nhwc_forms())
     return {"target": "host", "source": HOST_SOURCE, "kernels": kernels}
+
+
+def _host_nhwc_forms() -> list[dict]:
+    """The NHWC forms (mirserve.Nhwc<Op>) of standard ops, so a model mirserve wrote can be placed again."""
+    out = []
+    for (op, domain), (in_slots, out_slots) in sorted(NHWC_SLOTS.items()):
+        if domain:
+            continue
+        ranges = schema_ranges(op)
+        sig = ranges[-1][2]
+        required = sum(1 for f in sig.inputs if not f.optional)
+        names = [f.name for f in sig.inputs][:NHWC_ARITY.get(op, required)]
+        outputs = [f.name for f in sig.outputs][:max(out_slots) + 1]
+        inputs = [Port(n, SAME, SAME if i in in_slots else "nchw") for i, n in enumerate(names)]
+        outs = [Port(n, SAME, SAME if i in out_slots else "nchw") for i, n in enumerate(outputs)]
+        out.append(entry(NHWC_PREFIX + op, OWN, 1, None, ANY, "nhwc", inputs, outs,
+                         "runs the NHWC form's function body (transposes around the standard op)"))
+    return out
 
 
 HOST_SOURCE = ("onnx's operator schema registry (onnx.defs.get_all_schemas_with_history, onnx "
@@ -337,6 +356,10 @@ def own_domain_entries(target: str, spec: dict) -> list[dict]:
     return out
 
 
+#: The ``to`` attribute (ONNX element type) of a calib producing each precision.
+CALIB_TO = {"fp16": [10], "fp32": [1], "int8": [2, 3]}
+
+
 def cast_entries(target: str, casts: dict) -> list[dict]:
     """io_copy, calib and layout kernels: Paddle-Lite's cast kernels, one variant per direction."""
     if not casts:
@@ -356,10 +379,12 @@ def cast_entries(target: str, casts: dict) -> list[dict]:
         source, dest = direction.split(">")
         precision = dest if source == "fp32" else source
         out.append(entry("calib", OWN, 1, None, precision, ANY, [Port("X", source, SAME)],
-                         [Port("Y", dest, SAME)], origin, variant=f"{source}_to_{dest}"))
-    for source, dest in (("nchw", "nhwc"), ("nhwc", "nchw")):
+                         [Port("Y", dest, SAME)], origin, variant=f"{source}_to_{dest}",
+                         constraints={"attributes": {"to": CALIB_TO[dest]}}))
+    for source, dest, perm in (("nchw", "nhwc", [0, 2, 3, 1]), ("nhwc", "nchw", [0, 3, 1, 2])):
         out.append(entry("layout", OWN, 1, None, ANY, dest, [Port("X", SAME, source)], [Port("Y", SAME, dest)],
-                         casts.get("layout_origin", origin), variant=f"{source}_to_{dest}"))
+                         casts.get("layout_origin", origin), variant=f"{source}_to_{dest}",
+                         constraints={"attributes": {"perm": [perm]}}))
     return out
 
 

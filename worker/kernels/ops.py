@@ -48,6 +48,13 @@ NHWC_SLOTS: dict[tuple[str, str], tuple[tuple[int, ...], tuple[int, ...]]] = {
     **{(f"FusedConvTranspose{act}", "mirserve"): ((0, 1), (0,)) for act in ACTIVATIONS},
 }
 
+#: How many inputs an op's NHWC form takes (every call passes all of them: onnx.reference wants a
+#: function's inputs complete); a convolution without bias gets a zero bias. Default: the required inputs.
+NHWC_ARITY = {"Conv": 3, "ConvTranspose": 3, "Resize": 3, "InstanceNormalization": 3, "BatchNormalization": 5,
+              **{f"{base}{act}": 3 for base in ("FusedConv", "FusedConvTranspose") for act in ACTIVATIONS}}
+#: Prefix of the own-domain op a layout-sensitive node on an NHWC kernel becomes (NhwcConv, NhwcMaxPool).
+NHWC_PREFIX = "Nhwc"
+
 #: Inputs that hold shapes, axes, sizes or counts: a device kernel reads them from host memory (as
 #: onnxruntime's CUDA kernels declare with OrtMemTypeCPUInput), so they never need an io_copy.
 SHAPE_INPUTS: dict[str, frozenset[int]] = {

@@ -22,6 +22,7 @@ from worker.kernels.schema import ANY, SAME, Kernel, Port
 from worker.places import Layout, Place, Precision, ValidPlaces
 
 TARGET_SCORE, PRECISION_SCORE, LAYOUT_SCORE = 255, 127, 63
+CAST_OPS = ("io_copy", "calib", "layout")
 
 FLOATS = frozenset({Precision.FP32, Precision.FP16})
 
@@ -99,9 +100,10 @@ def first_place(kernel: Kernel, places: ValidPlaces) -> int | None:
     have no NHWC form (MatMul, Softmax, Reshape) read plain tensors and fit any layout.
     """
     plain = nhwc_slots(kernel.op, kernel.domain) is None
+    cast = kernel.domain == "mirserve" and kernel.op in CAST_OPS  # a cast converts between places
     for index, place in enumerate(places):
         if (kernel.target == place.target.name
-                and (kernel.precision is place.precision or kernel.precision not in FLOATS
+                and (kernel.precision is place.precision or kernel.precision not in FLOATS or cast
                      or place.precision is Precision.ANY)
                 and (kernel.layout is place.layout or Layout.ANY in (kernel.layout, place.layout) or plain)):
             return index
@@ -178,6 +180,8 @@ def _constraint_refusal(kernel: Kernel, node: NodeFacts) -> str | None:
         value = node.attributes.get(name)
         if isinstance(value, bytes):
             value = value.decode()
+        if isinstance(value, list):
+            value = tuple(value)
         if value not in allowed:
             return f"{kernel.id} needs attribute {name} in {list(allowed)}, got {value!r}"
     if "max_outputs" in constraints:

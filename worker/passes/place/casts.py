@@ -141,6 +141,25 @@ def float_dtype(precision: Precision) -> int:
     return dtype
 
 
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def to_fp16(array: np.ndarray) -> np.ndarray:
+    """fp16 copy of a float array; finite values beyond fp16's range saturate instead of becoming inf."""
+    array = np.asarray(array)
+    if array.dtype == np.float16:
+        return array
+    finite = np.isfinite(array)
+    return np.where(finite, np.clip(array, -FP16_MAX, FP16_MAX), array).astype(np.float16)
+
+
+def fits_fp16(array: np.ndarray) -> bool:
+    """Every finite value is within fp16's range (storing it as fp16 loses precision, not magnitude)."""
+    array = np.asarray(array, dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    return finite.size == 0 or float(np.abs(finite).max()) <= FP16_MAX
+
+
 def np_dtype(dtype: int):
     return helper.tensor_dtype_to_np_dtype(dtype)
 

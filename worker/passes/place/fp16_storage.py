@@ -6,7 +6,8 @@
 Only weights that are data of a computation (inputs a kernel declares in its own precision) are stored
 as fp16; scales, regions of interest and other parameters keep their type. A consumer whose kernel needs
 fp32 reads the weight through one calib (per weight and target), so the file is about half the size while
-the kernels compute as before. Runs only when the run asks for it (``fp16_storage``).
+the kernels compute as before. A weight with finite values beyond fp16's range stays fp32 (fp16 would
+turn them into infinities). Runs only when the run asks for it (``fp16_storage``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from onnx import TensorProto
 from worker.ir import Graph, Value
 from worker.kernels import SAME
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.place.casts import cast_kernel, drop_if_unused, insert_cast
+from worker.passes.place.casts import cast_kernel, drop_if_unused, fits_fp16, insert_cast
 from worker.passes.place.facts import Pick, is_constant
 from worker.passes.registry import register_pass
 from worker.places import Place, Precision
@@ -42,7 +43,8 @@ def float_constants(graph: Graph) -> list[Value]:
     for node in graph:
         if node.op_type == "Constant" and node.domain == "":
             found.append(node.output())
-    return [v for v in found if v.dtype == TensorProto.FLOAT and is_constant(v) and _weight_uses(v)]
+    return [v for v in found if v.dtype == TensorProto.FLOAT and is_constant(v) and _weight_uses(v)
+            and fits_fp16(v.constant_value())]
 
 
 def store_half(graph: Graph, value: Value, portable: bool) -> int:

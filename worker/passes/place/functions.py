@@ -20,12 +20,17 @@ from typing import Any
 from onnx import AttributeProto, NodeProto, defs, helper
 
 from worker import domain
-from worker.kernels.ops import nhwc_slots
+from worker.kernels.ops import NHWC_ARITY, NHWC_PREFIX, nhwc_slots
 
 TO_NHWC, TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
-NHWC_PREFIX = "Nhwc"
 #: Attributes without a default that the NHWC form can still declare, because wrapping fills them in.
 COMPLETED = ("kernel_shape", "strides", "dilations", "pads", "output_padding")
+ARITY = NHWC_ARITY
+BIASED = ("Conv", "ConvTranspose", "FusedConv", "FusedConvTranspose")
+
+
+def is_biased(op: str) -> bool:
+    return any(op == base or (op.startswith(base) and base.startswith("Fused")) for base in BIASED)
 
 
 def _register_casts() -> None:
@@ -85,8 +90,8 @@ def nhwc_form(op: str, op_domain: str, opset: int) -> NhwcForm | None:
         inner = domain.get_op(op)
         if inner is None:
             return None
-        return NhwcForm(op, op_domain, inner.inputs, inner.outputs[:max(slots[1]) + 1],
-                        dict(inner.attributes), {}, slots)
+        return NhwcForm(op, op_domain, inner.inputs[:ARITY.get(op, 3 if is_biased(op) else len(inner.inputs))],
+                        inner.outputs[:max(slots[1]) + 1], dict(inner.attributes), {}, slots)
     schema = defs.get_schema(op, opset, op_domain)
     attributes, types = {}, {}
     for name, attr in schema.attributes.items():
@@ -98,15 +103,21 @@ def nhwc_form(op: str, op_domain: str, opset: int) -> NhwcForm | None:
         if isinstance(default, list) and not default:
             continue
         attributes[name], types[name] = default, int(attr.type)
-    inputs = tuple(p.name for p in schema.inputs)
+    required = sum(1 for p in schema.inputs if not str(p.option).endswith("Optional"))
+    inputs = tuple(p.name for p in schema.inputs)[:ARITY.get(op, required)]
     outputs = tuple(p.name for p in schema.outputs)[:max(slots[1]) + 1]  # NHWC kernels make the data only
     return NhwcForm(op, op_domain, inputs, outputs, attributes, types, slots)
 
 
-def nhwc_refusal(form: NhwcForm | None, node_attributes: dict[str, Any], used_outputs: int = 1) -> str | None:
+def nhwc_refusal(form: NhwcForm | None, node_attributes: dict[str, Any], used_outputs: int = 1,
+                 inputs: int | None = None) -> str | None:
     """Why a node cannot take its NHWC form, or None."""
     if form is None:
         return "the op has no NHWC form here"
+    if inputs is not None:
+        missing_bias = is_biased(form.op) and inputs == len(form.inputs) - 1
+        if inputs > len(form.inputs) or (inputs < len(form.inputs) and not missing_bias):
+            return f"the NHWC form of {form.op} takes {len(form.inputs)} inputs, the node has {inputs}"
     if used_outputs > len(form.outputs):
         return f"the NHWC form of {form.op} produces {len(form.outputs)} output(s), the node uses {used_outputs}"
     extra = sorted(set(node_attributes) - set(form.attributes))
@@ -169,6 +180,9 @@ def complete_attributes(form: NhwcForm, attributes: dict[str, Any], weight_shape
             filled[name] = [value] * spatial
     if "pads" in form.attributes and "pads" not in filled:
         filled["pads"] = [0] * (2 * spatial)
+    for name, default in form.attributes.items():  # onnx.reference does not apply function defaults
+        if name not in filled and default is not None:
+            filled[name] = default
     return filled
 
 

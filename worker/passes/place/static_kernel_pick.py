@@ -15,6 +15,7 @@ from __future__ import annotations
 from worker.errors import UnsupportedOpsError
 from worker.ir import Graph, Node, Value
 from worker.kernels import default_table
+from worker.kernels.ops import nhwc_slots
 from worker.kernels.pick import Scored, rank
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.place import qdq
@@ -60,13 +61,13 @@ def _form_refusal(item: Scored, node: Node, opset: int, portable: bool) -> str |
     if item.resolved.precision is Precision.FP16 and qdq.in_quantized_region(node):
         return (f"{kernel.id} computes in fp16, but the node reads or writes int8-quantized data whose "
                 f"scales were calibrated in fp32: it runs in fp32 or int8")
-    if kernel.layout is not Layout.NHWC or kernel.op != node.op_type:
+    if kernel.layout is not Layout.NHWC or kernel.op != node.op_type or nhwc_slots(node.op_type, node.domain) is None:
         return None
     if portable:
         return f"{kernel.id} needs the node's NHWC form, an own-domain op, and the output must be portable"
     used = max((slot + 1 for slot, v in enumerate(node.outputs) if v.is_used), default=0)
     reason = nhwc_refusal(nhwc_form(node.op_type, node.domain, opset),
-                          {name: attr.value for name, attr in node.attributes.items()}, used)
+                          {name: attr.value for name, attr in node.attributes.items()}, used, len(node.inputs))
     return f"{kernel.id}: {reason}" if reason else None
 
 

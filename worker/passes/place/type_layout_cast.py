@@ -14,11 +14,13 @@ import numpy as np
 
 from worker import domain
 from worker.ir import Graph, Node, Value
+from worker.kernels.ops import nhwc_slots
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.place.casts import (annotate, cast_kernel, consumer_slots, converted_constant, declared,
                                        drop_if_unused, find_shared, insert_cast, redirect_output)
 from worker.passes.place.facts import Pick, fetch_place, is_constant, node_opset
-from worker.passes.place.functions import TO_NCHW, TO_NHWC, complete_attributes, nhwc_form, register_nhwc
+from worker.passes.place.functions import (TO_NCHW, TO_NHWC, complete_attributes, is_biased, nhwc_form,
+                                           register_nhwc)
 from worker.passes.registry import register_pass
 from worker.places import Layout, Place, get_target
 
@@ -67,11 +69,24 @@ def wrap_nhwc(graph: Graph, node: Node, opset: int) -> Node | None:
     if weight is not None and weight.shape is not None and len(weight.shape) == 4:
         source_shape = tuple(weight.shape[i] for i in TO_NCHW)  # the weight is NHWC (OHWI) by now
     attributes = complete_attributes(form, {k: a.value for k, a in node.attributes.items()}, source_shape)
-    wrapped = graph.add_node(form.name, list(node.inputs), list(node.outputs), domain=domain.DOMAIN,
+    inputs = list(node.inputs)
+    if len(inputs) < len(form.inputs) and is_biased(form.op):  # every input passed: a zero bias
+        inputs.append(_zero_bias(graph, node, source_shape, attributes.get("group", 1)))
+    wrapped = graph.add_node(form.name, inputs, list(node.outputs), domain=domain.DOMAIN,
                              name=node.name + "_nhwc", attributes=attributes, before=node)
     graph.remove_node(node)
     annotate(wrapped, pick.kernel, pick.place, pick)
     return wrapped
+
+
+def _zero_bias(graph: Graph, node: Node, weight_shape, group: int) -> Value:
+    """Zeros for a convolution's missing bias, one per output channel (weight_shape in NCHW order)."""
+    transposed = node.op_type.startswith("ConvTranspose") or node.op_type.startswith("FusedConvTranspose")
+    channels = weight_shape[1] * group if transposed else weight_shape[0]
+    dtype = np.float16 if node.kernel.resolved.precision.value == "fp16" else np.float32
+    bias = graph.add_initializer(f"{node.name}_zero_bias", np.zeros(int(channels), dtype))
+    bias.place = Place(get_target(node.kernel.kernel.target), node.kernel.resolved.precision, Layout.NCHW)
+    return bias
 
 
 @register_pass(name="type_layout_cast", kind=PassKind.PROGRAM, level=1,
@@ -92,7 +107,8 @@ def type_layout_cast(ctx: PassContext) -> PassResult:
         pick = node.kernel
         # layout-agnostic kernels (layout any) run NHWC as they are; NHWC kernels need the NHWC form
         if (isinstance(pick, Pick) and pick.kernel.layout is Layout.NHWC
-                and (node.op_type, node.domain) == (pick.kernel.op, pick.kernel.domain)):
+                and (node.op_type, node.domain) == (pick.kernel.op, pick.kernel.domain)
+                and nhwc_slots(node.op_type, node.domain) is not None):
             if wrap_nhwc(graph, node, node_opset(ctx.model.opset, node)) is not None:
                 wrapped += 1
     result.data["nhwc_nodes"] = wrapped

@@ -18,7 +18,8 @@ from worker.ir import Graph, Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.place import qdq
 from worker.passes.place.casts import (annotate, cast_kernel, consumer_slots, converted_constant, declared,
-                                       drop_if_unused, find_shared, insert_cast, np_dtype, redirect_output)
+                                       drop_if_unused, find_shared, insert_cast, np_dtype, redirect_output,
+                                       to_fp16)
 from worker.passes.place.facts import Pick, fetch_place, is_constant
 from worker.passes.place.variable_place_inference import place_outputs
 from worker.passes.registry import register_pass
@@ -35,8 +36,8 @@ def calibrated(graph: Graph, value: Value, precision: Precision, target: str, be
     place = Place(get_target(target), precision, value.place.layout)
     dtype = _DTYPES[precision]
     if is_constant(value):
-        return converted_constant(graph, value, place, lambda a: a.astype(np_dtype(dtype)),
-                                  precision.value, cache)
+        convert = to_fp16 if precision is Precision.FP16 else (lambda a: a.astype(np_dtype(dtype)))
+        return converted_constant(graph, value, place, convert, precision.value, cache)
     attributes = {"to": dtype}
     shared = find_shared(value, "calib", attributes, place)
     if shared is not None:

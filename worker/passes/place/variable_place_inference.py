@@ -14,6 +14,8 @@ precision ``any`` keep the element type type inference gave them.
 from __future__ import annotations
 
 from worker.ir import Graph, Value
+from worker import domain
+from worker.kernels.ops import NHWC_PREFIX, nhwc_slots
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.place.facts import Pick, host_place, is_constant, set_fetch
 from worker.passes.registry import register_pass
@@ -21,6 +23,47 @@ from worker.places import Layout, Place, Precision, dtype_of_precision, get_targ
 
 TO_NHWC = (0, 2, 3, 1)
 FLOAT_DTYPES = (1, 10)  # float, float16: the element types a calib converts between
+
+
+def _effective_shape(value: Value, layout: Layout):
+    """The shape ``value`` will have where a consumer reads it in ``layout`` (after any layout cast)."""
+    shape = value.shape
+    if shape is None or layout is Layout.ANY:
+        return shape
+    current = value.place.layout if value.place is not None else Layout.NCHW
+    if len(shape) < 4 and layout is Layout.NHWC and is_constant(value) and (value.numel() or 0) > 1:
+        shape = (1,) * (4 - len(shape)) + tuple(shape)  # a constant lifted to rank 4
+        current = Layout.NCHW
+    if len(shape) != 4 or current is layout:
+        return shape
+    return tuple(shape[i] for i in (TO_NHWC if layout is Layout.NHWC else (0, 3, 1, 2)))
+
+
+def _broadcast(shapes) -> tuple | None:
+    """Numpy broadcasting over shapes whose dims may be symbolic (str) or unknown (None)."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(rank):
+        dims = [s[len(s) - rank + axis] for s in shapes if len(s) - rank + axis >= 0]
+        known = [d for d in dims if d != 1]
+        result.append(known[0] if known else 1)
+    return tuple(result)
+
+
+def _output_shape(node, pick: Pick, value: Value, layout: Layout):
+    """NHWC outputs: a wrapped layout-sensitive node's NCHW result permuted; an elementwise node's the
+    broadcast of its inputs as they will arrive; anything else as type inference gave it."""
+    if layout is not Layout.NHWC or value.shape is None or len(value.shape) != 4:
+        return value.shape
+    if pick.kernel.layout is Layout.NHWC:
+        wrapped = (node.op_type, node.domain) == (pick.kernel.op, pick.kernel.domain) and \
+            nhwc_slots(node.op_type, node.domain) is not None
+        return tuple(value.shape[i] for i in TO_NHWC) if wrapped else value.shape
+    shapes = [_effective_shape(v, layout) for v in node.inputs if v is not None]
+    merged = _broadcast(shapes)
+    return merged if merged is not None and len(merged) == 4 else value.shape
 
 
 def place_outputs(node, pick: Pick) -> None:
@@ -34,15 +77,22 @@ def place_outputs(node, pick: Pick) -> None:
             value.dtype = dtype_of_precision(precision)
         if layout is Layout.ANY or value.rank != 4:
             layout = Layout.NCHW
-        if layout is Layout.NHWC and (value.place is None or value.place.layout is not Layout.NHWC):
-            value.shape = tuple(value.shape[i] for i in TO_NHWC)
+        if value.place is None or value.place.layout is not layout:
+            value.shape = _output_shape(node, pick, value, layout)
         value.place = Place(get_target(target), precision, layout)
 
 
 def place_constant(value: Value) -> None:
+    """A weight lives where its first consumer runs; its data is NCHW, unless that consumer is an NHWC
+    form mirserve wrote earlier (a model optimized again), whose weights are stored NHWC already."""
     consumer = next((u for u in value.uses if isinstance(u.node.kernel, Pick)), None)
-    target = get_target(consumer.node.kernel.resolved.inputs[consumer.slot][2]) if consumer else host_place(0).target
-    value.place = Place(target, precision_of_dtype(value.dtype), Layout.NCHW)
+    if consumer is None:
+        value.place = Place(host_place(0).target, precision_of_dtype(value.dtype), Layout.NCHW)
+        return
+    _, declared_layout, target = consumer.node.kernel.resolved.inputs[consumer.slot]
+    native = consumer.node.domain == domain.DOMAIN and consumer.node.op_type.startswith(NHWC_PREFIX)
+    layout = Layout.NHWC if native and declared_layout is Layout.NHWC and value.rank == 4 else Layout.NCHW
+    value.place = Place(get_target(target), precision_of_dtype(value.dtype), layout)
 
 
 @register_pass(name="variable_place_inference", kind=PassKind.STMT, level=1,
