@@ -72,7 +72,7 @@ def insert_cast(graph: Graph, value: Value, kind: str, attributes: dict, place: 
         node.metadata["mirserve.cast"] = kind
     out = node.output()
     out.dtype, out.shape, out.place = dtype, shape, place
-    annotate(node, kernel, place)
+    annotate(node, kernel, Place(get_target(kernel.target), place.precision, place.layout))
     return out
 
 

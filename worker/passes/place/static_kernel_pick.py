@@ -19,8 +19,8 @@ from worker.kernels.ops import nhwc_slots
 from worker.kernels.pick import Scored, rank
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.place import qdq
-from worker.passes.place.casts import annotate
-from worker.passes.place.facts import Pick, node_facts, node_opset
+from worker.passes.place.casts import annotate, fits_fp16
+from worker.passes.place.facts import Pick, is_constant, node_facts, node_opset
 from worker.passes.place.functions import nhwc_form, nhwc_refusal
 from worker.passes.registry import register_pass
 from worker.places import Layout, Precision, ValidPlaces, get_target, parse_places
@@ -28,10 +28,11 @@ from worker.places import Layout, Precision, ValidPlaces, get_target, parse_plac
 TOP = 3
 
 
-def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portable: bool = False
-                   ) -> tuple[list[tuple[Scored, object]], list[str]]:
+def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portable: bool = False,
+                   fits: dict | None = None) -> tuple[list[tuple[Scored, object]], list[str]]:
     """Applicable candidates best first (each with its Q/DQ sandwich or None) and the refusals."""
     table = default_table()
+    fits = {} if fits is None else fits
     facts = node_facts(node, opset, current)
     kernels = table.kernels(node.op_type, node.domain, opset=opset, targets=places.targets)
     scored, refused = rank(kernels, facts, places)
@@ -45,7 +46,7 @@ def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portabl
         reasons += [reason for _, reason in qrefused]
     kept = []
     for item, sandwich_of in found:
-        reason = _form_refusal(item, node, opset, portable)
+        reason = _form_refusal(item, node, opset, portable, fits)
         if reason:
             reasons.append(reason)
         else:
@@ -55,12 +56,16 @@ def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portabl
     return kept, reasons
 
 
-def _form_refusal(item: Scored, node: Node, opset: int, portable: bool) -> str | None:
+def _form_refusal(item: Scored, node: Node, opset: int, portable: bool, fits: dict) -> str | None:
     """Whether the node can be written in the form the kernel needs, and computed in its precision."""
     kernel = item.kernel
     if item.resolved.precision is Precision.FP16 and qdq.in_quantized_region(node):
         return (f"{kernel.id} computes in fp16, but the node reads or writes int8-quantized data whose "
                 f"scales were calibrated in fp32: it runs in fp32 or int8")
+    for slot, value in enumerate(node.inputs):
+        if (value is not None and slot < len(item.resolved.inputs) and item.resolved.inputs[slot][0] is Precision.FP16
+                and value.dtype == 1 and not _fits_fp16(value, fits)):
+            return f"{kernel.id} needs {value.name} in fp16, whose values exceed fp16's range (65504)"
     if kernel.layout is not Layout.NHWC or kernel.op != node.op_type or nhwc_slots(node.op_type, node.domain) is None:
         return None
     if portable:
@@ -69,6 +74,15 @@ def _form_refusal(item: Scored, node: Node, opset: int, portable: bool) -> str |
     reason = nhwc_refusal(nhwc_form(node.op_type, node.domain, opset),
                           {name: attr.value for name, attr in node.attributes.items()}, used, len(node.inputs))
     return f"{kernel.id}: {reason}" if reason else None
+
+
+def _fits_fp16(value: Value, cache: dict) -> bool:
+    """A weight's finite values fit in fp16 (non-constants are not known offline: assumed to fit)."""
+    if not is_constant(value):
+        return True
+    if value not in cache:
+        cache[value] = fits_fp16(value.constant_value())
+    return cache[value]
 
 
 def _outputs_of(pick: Pick, node: Node, current: dict) -> None:
@@ -100,10 +114,10 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
     result = PassResult()
     current: dict[Value, tuple] = {}
     failures: dict[str, dict] = {}
-    portable = ctx.options.portable
+    portable, fits = ctx.options.portable, {}
     for node in ctx.graph:
         opset = node_opset(ctx.model.opset, node)
-        ranked, reasons = candidates_for(node, opset, ctx.places, current, portable)
+        ranked, reasons = candidates_for(node, opset, ctx.places, current, portable, fits)
         if not ranked:
             entry = failures.setdefault(node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
                                         {"nodes": [], "reasons": reasons[:4]})

@@ -10,6 +10,8 @@ form (worker.passes.place.functions). One layout cast per (value, layout), share
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from worker import domain
@@ -72,6 +74,9 @@ def wrap_nhwc(graph: Graph, node: Node, opset: int) -> Node | None:
     inputs = list(node.inputs)
     if len(inputs) < len(form.inputs) and is_biased(form.op):  # every input passed: a zero bias
         inputs.append(_zero_bias(graph, node, source_shape, attributes.get("group", 1)))
+        resolved = pick.resolved
+        bias_type = (resolved.precision, Layout.NCHW, pick.kernel.target)
+        pick = Pick(dataclasses.replace(resolved, inputs=resolved.inputs + (bias_type,)), pick.qdq)
     wrapped = graph.add_node(form.name, inputs, list(node.outputs), domain=domain.DOMAIN,
                              name=node.name + "_nhwc", attributes=attributes, before=node)
     graph.remove_node(node)
