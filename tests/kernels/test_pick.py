@@ -99,7 +99,10 @@ def test_float_kernels_take_fp32_or_fp16_but_not_integers():
 def test_any_kernels_respect_their_types():
     erf = kernel("arm", "any", "nchw", op="Erf", types=["float"])
     assert refusal(erf, unary(F32)) is None
-    assert "does not take float16" in refusal(erf, unary(F16, Precision.FP16))
+    assert "does not take int64" in refusal(erf, unary(I64, Precision.INT64))
+    # fp16 data is taken through a calib to the float type the kernel lists
+    half = unary(F16, Precision.FP16)
+    assert refusal(erf, half) is None and resolve(erf, half).precision is Precision.FP32
 
 
 def test_constraints_refuse_with_sentences():

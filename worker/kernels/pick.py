@@ -158,7 +158,8 @@ def _accepts(kernel: Kernel, port: Port, value: ValueFacts) -> bool:
         if port.precision != SAME:
             return (port.types is None or value.element in port.types
                     or _OTHER_FLOAT.get(value.element or "") in port.types)
-        return not (kernel.types is not None and value.element not in kernel.types)
+        return (kernel.types is None or value.element in kernel.types
+                or _OTHER_FLOAT.get(value.element or "") in kernel.types)
     precision = Precision(declared)
     if precision in FLOATS:
         return value.dtype in (1, 10)        # float or float16: a calib converts between them
@@ -243,7 +244,13 @@ def _resolve_precision(kernel: Kernel, node: NodeFacts) -> Precision:
     bound = _bound_inputs(kernel, node, "precision")
     live = [v for v in bound if not v.is_constant] or bound
     if live:
-        return live[0].precision
+        precision = live[0].precision
+        element = {Precision.FP32: "float", Precision.FP16: "float16"}.get(precision)
+        if kernel.types is not None and element is not None and element not in kernel.types:
+            other = _OTHER_FLOAT[element]  # a float kernel of the other width: a calib converts
+            if other in kernel.types:
+                return Precision.FP32 if other == "float" else Precision.FP16
+        return precision
     outputs = [v for v in node.outputs if v is not None]
     return outputs[0].precision if outputs else Precision.ANY
 

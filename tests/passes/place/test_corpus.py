@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import CORPUS, CORPUS_SHAPES, random_feeds, run_onnxruntime
+from tests.conftest import CORPUS, CORPUS_SHAPES, light_models, random_feeds, run_onnxruntime
 from tests.passes.place.helpers import (casts, check_annotations, check_edges, check_shared_casts, place_model,
                                         trace_entry)
 from worker.ir import save_model
@@ -105,3 +105,24 @@ def test_fp16_storage_halves_the_detectors_weight_bytes(tmp_path):
                if t.data_type == onnx.TensorProto.FLOAT16)
     assert abs(half / entry["weight_bytes_before"] - 0.5) <= 0.025
     assert_same_outputs(CORPUS / name, out, CORPUS_SHAPES[name], fp16=True)
+
+
+@pytest.mark.parametrize("name", ["ch_ppocr_mobile_v2.0_cls_infer.onnx", "ch_PP-OCRv4_det_infer.onnx"])
+def test_nhwc_in_fp32_computes_exactly_what_nchw_computes(name, tmp_path):
+    # without fp16 in the way, the NHWC forms, transposed weights and layout casts must be exact
+    ctx = place_model(CORPUS / name, "arm/fp32/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name])
+    assert len(ctx.graph.nodes_of_type("NhwcConv", "mirserve")) > 40
+    check_edges(ctx.graph)
+    save_model(ctx.model, tmp_path / name)
+    assert_same_outputs(CORPUS / name, tmp_path / name, CORPUS_SHAPES[name], fp16=False)
+
+
+@pytest.mark.parametrize("path", light_models(), ids=lambda p: p.stem)
+def test_light_model_zoo_on_an_npu_with_arm_fallback(path, tmp_path):
+    # the light models' weights blow activations past 1e10: fp16 would overflow, so fp32 places
+    ctx = place_model(path, "npu/fp32/nhwc,arm/fp32/nchw", verify_ir=False)
+    check_annotations(ctx.graph)
+    check_shared_casts(ctx.graph)
+    check_edges(ctx.graph)
+    save_model(ctx.model, tmp_path / path.name)
+    assert_same_outputs(path, tmp_path / path.name, {}, fp16=False)

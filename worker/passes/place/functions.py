@@ -127,15 +127,31 @@ def nhwc_refusal(form: NhwcForm | None, node_attributes: dict[str, Any], used_ou
 
 
 def register_nhwc(form: NhwcForm) -> domain.DomainOp:
-    """The own-domain op of an NHWC form, registered once per name."""
+    """The own-domain op of an NHWC form, registered once per name.
+
+    Its function declares every attribute the op has at any opset, and its body (built for the model's
+    opset) refers only to those the op has at that opset.
+    """
     existing = domain.get_op(form.name)
     if existing is not None:
         return existing
-    op = domain.DomainOp(form.name, form.inputs, form.outputs, dict(form.attributes),
-                         functools.partial(_nhwc_body, form),
+    attributes = dict(form.attributes)
+    if form.op_domain == "":
+        for schema in defs.get_all_schemas_with_history():
+            if schema.name == form.op and schema.domain == "":
+                later = nhwc_form(form.op, "", schema.since_version)
+                for name, default in later.attributes.items():
+                    attributes.setdefault(name, default)
+    op = domain.DomainOp(form.name, form.inputs, form.outputs, attributes,
+                         functools.partial(_nhwc_body_at, form.op, form.op_domain, form),
                          f"{form.op} on NHWC tensors (NHWC data and weights; body transposes around {form.op})",
                          origin="worker.passes.place")
     return domain.register_op(op)
+
+
+def _nhwc_body_at(op: str, op_domain: str, fallback: NhwcForm, opset: int) -> list[NodeProto]:
+    form = nhwc_form(op, op_domain, opset) if op_domain == "" else None
+    return _nhwc_body(form or fallback, opset)
 
 
 def _nhwc_body(form: NhwcForm, opset: int) -> list[NodeProto]:

@@ -2,6 +2,7 @@
 
     x -> layout(0,2,3,1) -> layout(0,3,1,2) -> y     ->  x -> y             (nchw -> nhwc -> nchw)
     x -> io_copy(a -> b) -> io_copy(b -> a) -> y     ->  x -> y
+    x (arm) -> io_copy -> y (host)                   ->  x -> y             (one memory: no copy)
     x16 -> calib(float) -> calib(float16) -> y       ->  x16 -> y           (fp16 -> fp32 -> fp16 is exact)
     x32 -> calib(float16) -> calib(float) -> y       ->  unchanged          (rounds to fp16: not a no-op)
     w (constant) -> calib(float16) -> Conv           ->  w16 (initializer) -> Conv
@@ -16,7 +17,7 @@ import numpy as np
 
 from worker.ir import Graph, Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
-from worker.passes.place.casts import cast_kind, drop_if_unused, is_cast
+from worker.passes.place.casts import cast_kind, drop_if_unused, is_cast, same_memory
 from worker.passes.place.facts import is_constant
 from worker.passes.registry import register_pass
 
@@ -60,6 +61,28 @@ def cancel_chains(graph: Graph) -> int:
             _remove_unused(graph, [node, first])
             cancelled += 1
     return cancelled
+
+
+def _is_noop(node: Node) -> bool:
+    """A copy within one memory, a calib to the type it has, a layout cast with the identity perm."""
+    kind, source, result = cast_kind(node), node.input(0), node.output()
+    if kind == "io_copy":
+        return (source.place is not None and result.place is not None
+                and same_memory(source.place.target.name, result.place.target.name))
+    if kind == "calib":
+        return source.dtype != 0 and source.dtype == node.attr("to")
+    perm = node.attr("perm")
+    return perm is not None and list(perm) == list(range(len(perm)))
+
+
+def drop_noops(graph: Graph) -> int:
+    dropped = 0
+    for node in list(graph):
+        if node.graph is graph and is_cast(node) and _is_noop(node):
+            if _replace(graph, node.output(), node.input(0)):
+                _remove_unused(graph, [node])
+                dropped += 1
+    return dropped
 
 
 def fold_constant_casts(graph: Graph) -> int:
@@ -115,8 +138,8 @@ def _remove_unused(graph: Graph, nodes: list[Node]) -> None:
 def type_cast_cleanup(ctx: PassContext) -> PassResult:
     result = PassResult()
     graph = ctx.graph
-    counts = {"cancelled": cancel_chains(graph), "folded": fold_constant_casts(graph),
-              "merged": merge_duplicates(graph)}
+    counts = {"no_ops": drop_noops(graph), "cancelled": cancel_chains(graph),
+              "folded": fold_constant_casts(graph), "merged": merge_duplicates(graph)}
     result.rewrites = sum(counts.values())
     result.data.update(counts)
     return result
