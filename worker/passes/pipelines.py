@@ -72,7 +72,7 @@ PLACE: tuple[str, ...] = ("static_kernel_pick", "variable_place_inference", "typ
                           "type_precision_cast", "type_layout_cast", "type_cast_cleanup", "fp16_storage",
                           "place_report")
 #: Memory planning over the final execution order.
-MEMORY: tuple[str, ...] = ()
+MEMORY: tuple[str, ...] = ("memory_plan",)
 
 DEFAULT = Pipeline(
     name="default",
