@@ -1,5 +1,4 @@
 """Kernel pick rules: applicability, resolution of ``any``, Paddle-Lite's grade, user-order tie-break."""
-import pytest
 from onnx import TensorProto
 
 from worker.kernels import default_table

@@ -14,8 +14,7 @@ from onnx import helper
 from worker import domain
 from worker.ir import Graph, Node, Value
 from worker.kernels import Kernel, default_table
-from worker.passes.place.facts import is_constant
-from worker.places import Layout, Place, Precision, dtype_of_precision, get_target
+from worker.places import Layout, Place, Precision, get_target
 
 CAST_OPS = ("io_copy", "calib", "layout")
 KERNEL_KEY, PLACE_KEY = "mirserve.kernel", "mirserve.place"
@@ -134,13 +133,6 @@ def same_memory(a: str, b: str) -> bool:
     return get_target(a).shares_memory_with(get_target(b))
 
 
-def float_dtype(precision: Precision) -> int:
-    dtype = dtype_of_precision(precision)
-    if dtype is None:
-        raise ValueError(f"no element type for precision {precision}")
-    return dtype
-
-
 FP16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -163,6 +155,3 @@ def fits_fp16(array: np.ndarray) -> bool:
 def np_dtype(dtype: int):
     return helper.tensor_dtype_to_np_dtype(dtype)
 
-
-def is_live_constant(value: Value) -> bool:
-    return is_constant(value) and value.constant_value() is not None

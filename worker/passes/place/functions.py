@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from onnx import AttributeProto, NodeProto, defs, helper
+from onnx import NodeProto, defs, helper
 
 from worker import domain
 from worker.kernels.ops import NHWC_ARITY, NHWC_PREFIX, nhwc_slots
@@ -74,10 +74,6 @@ class NhwcForm:
     @property
     def name(self) -> str:
         return NHWC_PREFIX + self.op
-
-
-def nhwc_name(op: str) -> str:
-    return NHWC_PREFIX + op
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,6 +197,3 @@ def complete_attributes(form: NhwcForm, attributes: dict[str, Any], weight_shape
             filled[name] = default
     return filled
 
-
-def attribute_type(form: NhwcForm, name: str) -> int:
-    return form.attribute_types.get(name, AttributeProto.UNDEFINED)

@@ -23,7 +23,7 @@ from worker.passes.place.casts import annotate, fits_fp16
 from worker.passes.place.facts import Pick, is_constant, node_facts, node_opset
 from worker.passes.place.functions import nhwc_form, nhwc_refusal
 from worker.passes.registry import register_pass
-from worker.places import Layout, Precision, ValidPlaces, get_target, parse_places
+from worker.places import Layout, Precision, ValidPlaces, parse_places
 
 TOP = 3
 
@@ -168,6 +168,3 @@ def _takes_as_is(item: Scored) -> bool:
     return all(p.value in ("any", "fp32", "int64", "int32", "bool") and l in (Layout.ANY, Layout.NCHW)
                for p, l, _ in resolved.inputs) and resolved.layout in (Layout.ANY, Layout.NCHW)
 
-
-def target_of(pick: Pick):
-    return get_target(pick.kernel.target)
