@@ -54,8 +54,9 @@ def test_the_trace_keeps_every_nodes_top_candidates(tmp_path):
     name = "ch_PP-OCRv4_det_infer.onnx"
     ctx = place_model(CORPUS / name, "arm/fp16/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name],
                       verify_ir=False)
-    details = trace_entry(ctx, "static_kernel_pick")["details"]
-    assert len(details) == 672
+    entry = trace_entry(ctx, "static_kernel_pick")
+    details = entry["details"]
+    assert len(details) == entry["nodes_before"] == len({d["node"] for d in details}) > 300
     for entry in details:
         scores = [c["score"] for c in entry["candidates"]]
         assert 1 <= len(scores) <= 3 and scores == sorted(scores, reverse=True)
