@@ -56,7 +56,7 @@ def _flatten(steps: Sequence[Step]) -> Iterator[str]:
 
 # The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
 #: Checks before any rewriting (every op has a kernel in some valid place).
-SUPPORT: tuple[str, ...] = ()
+SUPPORT: tuple[str, ...] = ("support_check",)
 #: Cleanup, constant and shape folding, eliminations (level 1). Initializer inputs first (they hide the light
 #: models' weights from folding); folding before the eliminations that need constants; merging and dead-code
 #: removal last, to clean up after everything before them.
@@ -89,7 +89,9 @@ SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
 DOMAIN_FUSE: tuple[str, ...] = ()
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
-PLACE: tuple[str, ...] = ()
+PLACE: tuple[str, ...] = ("static_kernel_pick", "variable_place_inference", "type_target_cast",
+                          "type_precision_cast", "type_layout_cast", "type_cast_cleanup", "fp16_storage",
+                          "place_report")
 #: Memory planning over the final execution order.
 MEMORY: tuple[str, ...] = ("memory_plan",)
 
