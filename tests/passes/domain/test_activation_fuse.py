@@ -165,17 +165,22 @@ def test_fusions_run_inside_if_branches(tmp_path):
                         {"x": f32(1, 3, 6, 6), "x4": f32(1, 4, 6, 6), "cond": np.array(True)})
 
 
-def float16_relu6(opset):
-    return make_model([make("Add", ["x", "x"], ["s"]), make("Clip", ["s", "lo", "hi"], ["z"])],
-                      [vinfo("x", TensorProto.FLOAT16, [4])], [vinfo("z", TensorProto.FLOAT16, [4])],
-                      [scalar("lo", 0, np.float16), scalar("hi", 6, np.float16)], opset=opset)
+def float16_model(opset, activation="Clip"):
+    act = make("Clip", ["s", "lo", "hi"], ["z"]) if activation == "Clip" else make("LeakyRelu", ["s"], ["z"], alpha=0.5)
+    inits = [scalar("lo", 0, np.float16), scalar("hi", 6, np.float16)] if activation == "Clip" else []
+    return make_model([make("Add", ["x", "x"], ["s"]), act], [vinfo("x", TensorProto.FLOAT16, [4])],
+                      [vinfo("z", TensorProto.FLOAT16, [4])], inits, opset=opset)
 
 
-def test_float16_fuses_from_opset_15_where_the_constants_can_take_its_type(tmp_path):
-    output, _, counts = fused(tmp_path, float16_relu6(17), ["elementwise_activation_fuse"])
+@pytest.mark.parametrize("opset", [11, 13, 17])  # numbers take the data's type: Gemm/EyeLike, then CastLike
+def test_float16_data_fuses_with_numbers_of_its_type(tmp_path, opset):
+    output, _, counts = fused(tmp_path, float16_model(opset), ["elementwise_activation_fuse"])
     assert counts == {"mirserve.FusedAddRelu6": 1}
     x = np.array([-2, 1, 5, 9], dtype=np.float16)
-    assert run_reference(output, {"x": x})[0].tolist() == [0, 2, 6, 6]
+    result = run_reference(output, {"x": x})[0]
+    assert result.dtype == np.float16 and result.tolist() == [0, 2, 6, 6]
+    onnx.checker.check_model(onnx.load(str(output)), full_check=True)
+    assert_same_results(tmp_path / "in.onnx", output, {"x": x})
 
 
 def test_fused_outputs_in_a_chain_are_typed_by_onnx(tmp_path):
@@ -200,10 +205,10 @@ def op_counts_of(model):
     return Counter(n.op_type for n in model.graph.node)
 
 
-def test_float16_before_opset_15_is_refused(tmp_path):
-    assert_refused(tmp_path, float16_relu6(13), "FusedAddRelu6: its body holds float32 constants, which only "
-                   "opset 15 (CastLike) can give another type, and the data is float16 at opset 13",
-                   ["elementwise_activation_fuse"])
+def test_float16_below_opset_9_is_refused_where_the_body_needs_numbers(tmp_path):
+    assert_refused(tmp_path, float16_model(8, "LeakyRelu"), "FusedAddLeakyRelu: its body holds float32 "
+                   "constants, which only EyeLike (opset 9) or CastLike (opset 15) can give another type, and "
+                   "the data is float16 at opset 8", ["elementwise_activation_fuse"])
 
 
 def test_clip_to_other_bounds_is_not_relu6(tmp_path):

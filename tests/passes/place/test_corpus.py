@@ -114,7 +114,9 @@ def test_nhwc_in_fp32_computes_exactly_what_nchw_computes(name, tmp_path):
     # without fp16 in the way, the NHWC forms, transposed weights and layout casts must be exact: compared
     # with the same pipeline on NCHW places, so that the graph rewrites before kernel pick are the same
     ctx = place_model(CORPUS / name, "arm/fp32/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name])
-    assert len(ctx.graph.nodes_of_type("NhwcConv", "mirserve")) > 40
+    nhwc_convs = [n for n in ctx.graph
+                  if n.domain == "mirserve" and n.op_type.startswith(("NhwcConv", "NhwcFusedConv"))]
+    assert len(nhwc_convs) > 40
     check_edges(ctx.graph)
     save_model(ctx.model, tmp_path / "nhwc.onnx")
     nchw = place_model(CORPUS / name, "arm/fp32/nchw", shapes=CORPUS_SHAPES[name], verify_ir=False)

@@ -4,8 +4,10 @@ Two measured limits shape every body. ``onnx.reference`` cannot pass a reference
 (``ref_attr_name``) to its unary and binary op classes (LeakyRelu, HardSigmoid, Mul, ...): only ops such as
 Conv, Gemm, Constant and EyeLike take one. So an activation parameter enters the body as a tensor made from
 the attribute, and the parameterised activations are written with ops that take tensors (PRelu, Mul, Add,
-Clip). And a function body has no overloads per element type: a float constant is float32 unless CastLike
-(opset 15) can give it the data's type, so below opset 15 a body with constants is valid for float32 only.
+Clip). And a function body has no overloads per element type, while the place passes may later run a fused
+op in fp16: so every number in a body takes the data's type. From opset 15 CastLike gives it; from 9 to 14,
+Gemm(one, one, alpha=number) does, where ``one`` is EyeLike of a 1x1 slice of the data (EyeLike keeps its
+input's type). Only below opset 9 (no EyeLike) is a body with numbers valid for float32 data only.
 """
 from __future__ import annotations
 
@@ -47,8 +49,23 @@ class BodyBuilder:
         return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(array)))
 
     def float_constant(self, value: float, like: str) -> str:
-        """A scalar of the type of ``like``."""
+        """A scalar of the type of ``like`` holding ``value``."""
+        if 9 <= self.opset < 15:
+            return self._typed_scalar(like, helper.make_attribute("alpha", float(value)))
         return self.cast_like(self.constant(np.array(value, dtype=np.float32)), like)
+
+    def float_attribute(self, attribute: str, like: str) -> str:
+        """A scalar of the type of ``like`` holding the float function attribute ``attribute``."""
+        alpha = ref("alpha", attribute, AttributeProto.FLOAT)
+        if self.opset >= 15:  # Constant takes a referenced value_float from opset 12
+            scalar = self.op("Constant", [], refs=(ref("value_float", attribute, AttributeProto.FLOAT),))
+            return self.cast_like(scalar, like)
+        if self.opset >= 9:
+            return self._typed_scalar(like, alpha)
+        self.require(7, "a float attribute as a tensor")
+        one = self.constant(np.ones((1, 1), dtype=np.float32))
+        matrix = self.op("Gemm", [one, one, self.constant(np.zeros((1, 1), dtype=np.float32))], refs=(alpha,))
+        return self.cast_like(self.op("Reshape", [matrix, self._int64([])]), like)
 
     def cast_like(self, name: str, like: str) -> str:
         if self.opset >= 15:
@@ -56,21 +73,24 @@ class BodyBuilder:
         self.float32_only = True
         return name
 
-    def float_attribute(self, attribute: str, like: str) -> str:
-        """A scalar of the type of ``like`` holding the float function attribute ``attribute``.
+    def _typed_scalar(self, like: str, alpha: AttributeProto) -> str:
+        """Gemm(one, one, zero, alpha) reshaped to a scalar, in the type of ``like`` (opset 9 to 14)."""
+        one = self._one_like(like)
+        zero = self.op("Sub", [one, one])
+        matrix = self.op("Gemm", [one, one, zero], refs=(alpha,), beta=0.0)
+        return self.op("Reshape", [matrix, self._int64([])])
 
-        From opset 12 a Constant takes it (``value_float``); before, Gemm(1, 1, 0) with ``alpha`` referring
-        to it is the op both runtimes evaluate that turns a float attribute into a tensor.
-        """
-        if self.opset >= 12:
-            scalar = self.op("Constant", [], refs=(ref("value_float", attribute, AttributeProto.FLOAT),))
-            return self.cast_like(scalar, like)
-        self.require(7, "a float attribute as a tensor")
-        one = self.constant(np.ones((1, 1), dtype=np.float32))
-        zero = self.constant(np.zeros((1, 1), dtype=np.float32))
-        matrix = self.op("Gemm", [one, one, zero], refs=(ref("alpha", attribute, AttributeProto.FLOAT),))
-        scalar = self.op("Reshape", [matrix, self.constant(np.zeros((0,), dtype=np.int64))])
-        return self.cast_like(scalar, like)
+    def _one_like(self, like: str) -> str:
+        """A [1, 1] one of the type of ``like``: EyeLike of the first element (EyeLike keeps the type)."""
+        row = self.op("Reshape", [like, self._int64([1, -1])])
+        if self.opset >= 10:
+            first = self.op("Slice", [row, self._int64([0, 0]), self._int64([1, 1])])
+        else:
+            first = self.op("Slice", [row], starts=[0, 0], ends=[1, 1])
+        return self.op("EyeLike", [first])
+
+    def _int64(self, values: list[int]) -> str:
+        return self.constant(np.array(values, dtype=np.int64))
 
     def int_attribute(self, attribute: str, above: str) -> str:
         """A 1-D int64 tensor [v] holding the int function attribute ``attribute``.

@@ -27,8 +27,8 @@ def emit_refusal(ctx: PassContext, op_name: str, dtype: int) -> str | None:
     if dtype == 0:
         return "the element type of its data is unknown"
     if info.float32_only and dtype != TensorProto.FLOAT:
-        return (f"its body holds float32 constants, which only opset 15 (CastLike) can give another type, "
-                f"and the data is {_type_name(dtype)} at opset {opset}")
+        return (f"its body holds float32 constants, which only EyeLike (opset 9) or CastLike (opset 15) can "
+                f"give another type, and the data is {_type_name(dtype)} at opset {opset}")
     if ctx.kernels is not None and not ctx.kernels.has_kernel(op_name, DOMAIN, ctx.places.targets):
         targets = ", ".join(sorted(ctx.places.targets))
         return f"no valid place ({targets}) has a {DOMAIN}.{op_name} kernel"
