@@ -1,0 +1,119 @@
+"""Shared fixtures: the real models (corpus and light model zoo) and helpers to build one-rule models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+
+
+def _find_corpus() -> Path:
+    """``shared/corpus`` beside the checkout (or beside one of its parents, for git worktrees)."""
+    if os.environ.get("MIRSERVE_CORPUS"):
+        return Path(os.environ["MIRSERVE_CORPUS"])
+    repo = Path(__file__).resolve().parents[1]
+    for parent in repo.parents:
+        candidate = parent / "shared" / "corpus"
+        if candidate.is_dir():
+            return candidate
+    return repo.parent / "shared" / "corpus"
+
+
+CORPUS = _find_corpus()
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+#: Static input shapes for the corpus models whose inputs are dynamic (from the corpus README).
+CORPUS_SHAPES = {
+    "bert_small_dyn.onnx": {"input_ids": [2, 64], "attention_mask": [2, 64]},
+    "ch_PP-OCRv4_det_infer.onnx": {"x": [1, 3, 640, 640]},
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": {"x": [1, 3, 48, 192]},
+    "cls_qdq.onnx": {"x": [1, 3, 48, 192]},
+}
+LIGHT_MODELS = ["light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2",
+                "light_resnet50", "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512"]
+
+
+def corpus_models() -> list[Path]:
+    return [CORPUS / name for name in CORPUS_SHAPES]
+
+
+def light_models() -> list[Path]:
+    return [LIGHT / f"{name}.onnx" for name in LIGHT_MODELS]
+
+
+def all_models() -> list[Path]:
+    """Every real model the claims are tested on."""
+    return corpus_models() + light_models()
+
+
+def shapes_for(path: Path) -> dict:
+    return CORPUS_SHAPES.get(Path(path).name, {})
+
+
+def model_id(path: Path) -> str:
+    return Path(path).stem
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _corpus_present():
+    missing = [p for p in corpus_models() if not p.exists()]
+    if missing:
+        pytest.fail(f"the model corpus is missing ({missing[0]}); it lives in ../shared/corpus beside the "
+                    f"checkout, or set MIRSERVE_CORPUS")
+
+
+def run_onnxruntime(path, feeds: dict) -> list[np.ndarray]:
+    """Run a model on onnxruntime's CPU provider with graph optimizations off."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def random_feeds(path, shapes: dict | None = None, seed: int = 0) -> dict:
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for item in model.graph.input:
+        if item.name in initializers:
+            continue
+        tensor = item.type.tensor_type
+        dims = (shapes or {}).get(item.name) or [d.dim_value if d.dim_value > 0 else 1 for d in tensor.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[item.name] = rng.random(dims).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[item.name] = rng.random(dims) > 0.5
+        else:
+            high = 2 if "mask" in item.name else 100
+            feeds[item.name] = rng.integers(0, high, dims).astype(dtype)
+    return feeds
+
+
+def save_proto(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset: int = 17, **kwargs) -> onnx.ModelProto:
+    """A small model for a test of one rule (checked by onnx.checker)."""
+    graph = onnx.helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], **kwargs)
+    model.ir_version = min(model.ir_version, 10)
+    onnx.checker.check_model(model)
+    return model
+
+
+def tensor(name: str, array) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(np.asarray(array), name)
+
+
+def vinfo(name: str, elem=onnx.TensorProto.FLOAT, shape=None) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem, shape)

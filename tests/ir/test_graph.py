@@ -1,0 +1,182 @@
+"""Every edit primitive keeps uses, producers, the op-type index, names and order exact."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import LIGHT, make_model, run_onnxruntime, tensor, vinfo
+from worker.errors import ModelError
+from worker.ir import Graph, Node, Value, load_model, save_model
+from worker.ir.value import Use
+from worker.ir.verify import verify_graph
+
+
+def chain(tmp_path, opset=17):
+    """x -> Relu(a) -> Neg(b) -> Abs(c) -> y, with w an unused initializer."""
+    model = make_model([helper.make_node("Relu", ["x"], ["a"], name="relu"),
+                        helper.make_node("Neg", ["a"], ["b"], name="neg"),
+                        helper.make_node("Abs", ["b"], ["y"], name="abs")],
+                       [vinfo("x", shape=[4])], [vinfo("y", shape=[4])], [tensor("w", np.ones(4, np.float32))],
+                       opset=opset)
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, str(path))
+    return load_model(path)
+
+
+def test_replace_all_uses_moves_every_use(tmp_path):
+    model = chain(tmp_path)
+    graph = model.graph
+    a, x = graph.value("a"), graph.value("x")
+    neg = graph.nodes_of_type("Neg")[0]
+    graph.replace_all_uses(a, x)
+    assert neg.input(0) is x and a.uses == [] and Use(neg, 0) in x.uses
+    graph.remove_node(a.producer)
+    verify_graph(graph)
+
+
+def test_replace_all_uses_reaches_nested_bodies(tmp_path):
+    then_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vinfo("t", shape=[4])])
+    model = make_model([helper.make_node("Relu", ["x0"], ["x"]),
+                        helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=then_graph)],
+                       [vinfo("c", TensorProto.BOOL, []), vinfo("x0", shape=[4])], [vinfo("y", shape=[4])])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    graph = load_model(tmp_path / "m.onnx").graph
+    x, x0 = graph.value("x"), graph.value("x0")
+    assert len(x.uses) == 2 and all(u.node.graph is not graph for u in x.uses)
+    graph.replace_all_uses(x, x0)
+    graph.remove_node(x.producer)
+    verify_graph(graph)
+    assert len(x0.uses) == 2
+
+
+def test_bypass_keeps_the_graph_output_name(tmp_path):
+    model = chain(tmp_path)
+    graph = model.graph
+    y, b = graph.value("y"), graph.value("b")
+    abs_node = y.producer
+    assert graph.bypass(y, b)
+    graph.remove_node(abs_node)
+    verify_graph(graph)
+    assert [v.name for v in graph.outputs] == ["y"] and graph.outputs[0].producer.op_type == "Neg"
+    out = tmp_path / "out.onnx"
+    save_model(model, out)
+    x = np.array([-1, 2, -3, 4], np.float32)
+    np.testing.assert_array_equal(run_onnxruntime(out, {"x": x})[0], -np.maximum(x, 0))
+
+
+def test_bypass_refuses_to_rename_a_graph_input(tmp_path):
+    model = chain(tmp_path)
+    graph = model.graph
+    assert not graph.bypass(graph.value("y"), graph.value("x"))
+    assert graph.outputs[0].name == "y" and graph.value("y").producer.op_type == "Abs"
+
+
+def test_insert_before_and_after_keep_order_and_index(tmp_path):
+    graph = chain(tmp_path).graph
+    neg = graph.nodes_of_type("Neg")[0]
+    a = graph.value("a")
+    identity = graph.add_node("Identity", [a], before=neg)
+    neg.set_input(0, identity.output())
+    sigmoid = graph.add_node("Sigmoid", [identity.output()], after=identity)
+    assert [n.op_type for n in graph] == ["Relu", "Identity", "Sigmoid", "Neg", "Abs"]
+    assert identity.position < sigmoid.position < neg.position
+    assert graph.nodes_of_type("Identity") == [identity]
+    graph.remove_node(sigmoid)
+    assert graph.nodes_of_type("Sigmoid") == []
+    verify_graph(graph)
+
+
+def test_many_inserts_at_one_place_renumber_correctly(tmp_path):
+    graph = chain(tmp_path).graph
+    neg = graph.nodes_of_type("Neg")[0]
+    for _ in range(40):  # exhausts the gap between two order keys
+        graph.add_node("Identity", [graph.value("a")], before=neg)
+    positions = [n.position for n in graph]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    verify_graph(graph)
+
+
+def test_remove_refuses_a_node_whose_output_is_still_used(tmp_path):
+    graph = chain(tmp_path).graph
+    with pytest.raises(ValueError, match="still used by"):
+        graph.remove_node(graph.nodes_of_type("Relu")[0])
+    with pytest.raises(ValueError, match="graph output"):
+        graph.remove_node(graph.nodes_of_type("Abs")[0])
+
+
+def test_batch_removal_of_a_connected_chain(tmp_path):
+    graph = chain(tmp_path).graph
+    relu, neg = graph.nodes_of_type("Relu")[0], graph.nodes_of_type("Neg")[0]
+    abs_node = graph.nodes_of_type("Abs")[0]
+    abs_node.set_input(0, graph.value("x"))
+    graph.remove_nodes([neg, relu])  # order within the batch does not matter
+    assert [n.op_type for n in graph] == ["Abs"] and graph.value("a") is None
+    verify_graph(graph)
+
+
+def test_toposort_repairs_order_and_reports_cycles(tmp_path):
+    graph = chain(tmp_path).graph
+    late = graph.add_node("Neg", [graph.value("x")])  # appended at the end
+    graph.nodes_of_type("Relu")[0].set_input(0, late.output())
+    assert not graph.is_sorted()
+    assert graph.toposort()
+    assert [n.op_type for n in graph][:2] == ["Neg", "Relu"]
+    verify_graph(graph)
+    late.set_input(0, graph.value("b"))  # b depends on late's output: a cycle
+    with pytest.raises(ModelError, match="cycle"):
+        graph.toposort()
+
+
+def test_fresh_names_are_unique_across_the_model(tmp_path):
+    graph = chain(tmp_path).graph
+    names = {graph.make_value("a").name for _ in range(5)}
+    assert len(names) == 5 and "a" not in names
+    node = graph.add_node("Relu", [graph.value("x")], name="relu")
+    assert node.name != "relu"
+
+
+def test_a_fused_node_takes_over_the_output_value(tmp_path):
+    graph = chain(tmp_path).graph
+    b = graph.value("b")
+    neg, relu = b.producer, graph.nodes_of_type("Relu")[0]
+    uses_before = list(b.uses)
+    fused = graph.add_node("Neg", [graph.value("x")], outputs=[b], before=neg)
+    assert b.producer is fused and b.uses == uses_before and b.name == "b"
+    graph.remove_nodes([neg, relu])
+    verify_graph(graph)
+
+
+def test_initializers_add_and_remove(tmp_path):
+    graph = chain(tmp_path).graph
+    w = graph.initializers["w"]
+    with pytest.raises(ValueError):
+        w.const[0] = 5  # loaded and set weights are read-only: passes build new arrays
+    new = graph.add_initializer("w", np.zeros(3, np.float32))
+    assert new.name != "w" and new.is_constant and new.shape == (3,)
+    graph.remove_initializer(w)
+    assert "w" not in graph.initializers and graph.value("w") is None
+    verify_graph(graph)
+
+
+def test_edits_on_a_real_model_stay_consistent():
+    model = load_model(LIGHT / "light_resnet50.onnx")
+    graph = model.graph
+    relus = graph.nodes_of_type("Relu")
+    for relu in relus[:10]:
+        graph.replace_all_uses(relu.output(), relu.input(0))
+    graph.remove_nodes(relus[:10])
+    assert len(graph.nodes_of_type("Relu")) == len(relus) - 10
+    verify_graph(graph)
+
+
+def test_value_kind_predicates():
+    graph = Graph("g")
+    x = graph.add_input(Value("x", TensorProto.FLOAT, (1, 3)))
+    c = graph.add_initializer("c", np.ones(3, np.float32))
+    node = graph.append(Node("Add", [x, c], [Value("y")]))
+    graph.set_outputs([node.output()])
+    assert x.is_graph_input and not x.is_constant
+    assert c.is_constant and c.constant_value() is not None
+    assert node.output().is_graph_output and not node.output().has_single_consumer()

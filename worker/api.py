@@ -1,0 +1,104 @@
+"""The engine's one entry point: model path, places, options, progress callback -> optimized model, report.
+
+The CLI and the service's job runner both call ``optimize``; neither reaches deeper into the engine.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from worker import __version__
+from worker.errors import OptionsError
+from worker.ir import load_model, save_model
+from worker.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, verify
+from worker.options import OptimizeOptions
+from worker.passes import REGISTRY, PassContext, PassManager
+from worker.passes.analysis.type_inference import apply_input_shapes
+from worker.passes.pipelines import all_pipelines, get_pipeline, pass_names
+from worker.places import Precision, ValidPlaces, parse_places
+
+__all__ = ["OptimizeOptions", "list_passes", "list_pipelines", "optimize", "validate_options"]
+
+Progress = Callable[[int, int, str], None]
+
+
+def validate_options(options: OptimizeOptions) -> ValidPlaces:
+    """Every check that needs no model: types and ranges, places, pipeline and pass names."""
+    options.check_types()
+    places = parse_places(options.places, host_fallback=options.host_fallback)
+    pipeline = get_pipeline(options.pipeline)
+    if pipeline is None:
+        known = ", ".join(p.name for p in all_pipelines())
+        raise OptionsError(f"unknown pipeline {options.pipeline!r}; known pipelines: {known}", field="pipeline")
+    for name in options.disabled_passes:
+        if name not in REGISTRY:
+            raise OptionsError(f"unknown pass {name!r} in disabled_passes; `mirserve passes` lists them",
+                               field="disabled_passes")
+    return places
+
+
+def tolerances(options: OptimizeOptions, places: ValidPlaces) -> tuple[float, float]:
+    """The user's tolerances, or defaults: looser when any place or the weights are fp16."""
+    half = options.fp16_storage or any(p.precision is Precision.FP16 for p in places)
+    rtol, atol = (FP16_RTOL, FP16_ATOL) if half else (DEFAULT_RTOL, DEFAULT_ATOL)
+    return (options.rtol if options.rtol is not None else rtol,
+            options.atol if options.atol is not None else atol)
+
+
+def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
+             options: OptimizeOptions = OptimizeOptions(), progress: Progress | None = None) -> dict[str, Any]:
+    """Optimize the model at ``model_path`` into ``output_path`` and return the report.
+
+    The output appears only once it is complete and (unless ``options.verify`` is off) verified.
+    Raises a MirserveError subclass for anything the user can fix.
+    """
+    started = time.perf_counter()
+    places = validate_options(options)
+    model_path, output_path = Path(model_path), Path(output_path)
+    directory = output_path.parent if str(output_path.parent) else Path(".")
+    if not directory.is_dir():
+        raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
+    model = load_model(model_path, trusted_external_data=options.trusted_external_data)
+    apply_input_shapes(model.graph, options.input_shapes)
+    before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size}
+    ctx = PassContext(model=model, options=options, places=places, kernels=None)
+    manager = PassManager(progress=progress)
+    trace = manager.run(ctx, get_pipeline(options.pipeline).steps_for(options))
+    rtol, atol = tolerances(options, places)
+    verification: dict[str, Any] | None = None
+
+    def check(candidate: Path) -> None:
+        nonlocal verification
+        if options.verify:
+            verification = verify(str(model_path), str(candidate), input_shapes=options.input_shapes,
+                                  runs=options.verify_runs, rtol=rtol, atol=atol)
+
+    saved = save_model(model, output_path, check=check)
+    report: dict[str, Any] = {
+        "version": __version__,
+        "model": {"input": before, "output": {"path": str(output_path), "nodes": len(model.graph),
+                                              "bytes": saved.bytes,
+                                              "external_data": str(saved.external_data) if saved.external_data
+                                              else None}},
+        "places": [str(p) for p in places],
+        "pipeline": options.pipeline,
+        "options": options.to_dict(),
+        "trace": trace,
+        "verification": verification,
+    }
+    report.update(ctx.report)
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def list_passes() -> list[dict[str, Any]]:
+    """Every registered pass with its metadata and its position in the default pipeline (1-based)."""
+    default = get_pipeline("default")
+    order = {name: i for i, name in enumerate(pass_names(default.steps), start=1)}
+    return [{**p.info.to_dict(), "position": order.get(p.name)} for p in REGISTRY]
+
+
+def list_pipelines() -> list[dict[str, Any]]:
+    return [p.to_dict() for p in all_pipelines()]

@@ -1,0 +1,138 @@
+"""The engine's command line: ``mirserve optimize`` and ``mirserve passes``, without the server.
+
+``build_parser`` is public so that the service (``app.cli``) can add its own commands to the same program;
+the engine never imports the service. Errors a user can fix print one line and exit 1; usage errors exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from worker import __version__
+from worker.errors import MirserveError
+from worker.files import write_json
+from worker.options import OptimizeOptions, parse_shape_arg
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The parser and its subparsers object, to which other programs may add commands."""
+    parser = argparse.ArgumentParser(
+        prog="mirserve", description="Optimize ONNX models for target places (target/precision/layout).")
+    parser.add_argument("--version", action="version", version=f"mirserve {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_optimize(commands)
+    _add_passes(commands)
+    return parser, commands
+
+
+def _add_optimize(commands) -> None:
+    cmd = commands.add_parser("optimize", help="optimize a model and write it with a report",
+                              description="Optimize MODEL for the given places and write it to OUT.")
+    cmd.add_argument("model", metavar="MODEL", help="the ONNX model to optimize")
+    cmd.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the optimized model")
+    cmd.add_argument("--places", default=OptimizeOptions.places, metavar="P,P,...",
+                     help="valid places in priority order, each target/precision/layout "
+                          "(default: %(default)s)")
+    cmd.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                     help="static shape of a model input (repeatable)")
+    cmd.add_argument("--opt-level", type=int, default=2, choices=(0, 1, 2),
+                     help="0: analysis only; 1: standard-op rewrites; 2: also fused ops (default: 2)")
+    cmd.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+                     help="do not run this pass (repeatable; `mirserve passes` lists them)")
+    cmd.add_argument("--pipeline", default="default", help="named pipeline to run (default: %(default)s)")
+    cmd.add_argument("--portable", action="store_true", help="emit standard ONNX ops only")
+    cmd.add_argument("--no-verify", action="store_true", help="skip the numeric check against the input")
+    cmd.add_argument("--verify-runs", type=int, default=1, metavar="N",
+                     help="random inputs to check (default: 1)")
+    cmd.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4, 1e-2 with fp16)")
+    cmd.add_argument("--atol", type=float, help="absolute tolerance (default 1e-5, 1e-3 with fp16)")
+    cmd.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
+    cmd.add_argument("--quiet", action="store_true", help="print nothing on success")
+    cmd.set_defaults(func=run_optimize)
+
+
+def _add_passes(commands) -> None:
+    cmd = commands.add_parser("passes", help="list every registered pass")
+    cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cmd.set_defaults(func=run_passes)
+
+
+def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
+    shapes = dict(parse_shape_arg(text) for text in args.input_shape)
+    return OptimizeOptions(
+        places=args.places, input_shapes=shapes, opt_level=args.opt_level,
+        disabled_passes=tuple(args.disable_pass), pipeline=args.pipeline, portable=args.portable,
+        verify=not args.no_verify, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
+        trusted_external_data=True,  # the user names a local file: its external data is theirs too
+    )
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    from worker.api import optimize
+
+    options = options_from_args(args)
+    report = optimize(args.model, args.output, options)
+    if args.report:
+        write_json(Path(args.report), report)
+    if not args.quiet:
+        print(summary(report))
+    return 0
+
+
+def summary(report: dict[str, Any]) -> str:
+    model = report["model"]
+    line = (f"wrote {model['output']['path']}: {model['input']['nodes']} -> {model['output']['nodes']} nodes, "
+            f"{model['input']['bytes']:,} -> {model['output']['bytes']:,} bytes in {report['seconds']:.2f} s")
+    verification = report.get("verification")
+    if verification is None:
+        return line + "; not verified"
+    if verification.get("passed") is None:
+        return line + f"; not verified: {verification.get('skipped')}"
+    worst = max((o["max_abs_diff"] or 0.0 for o in verification["outputs"]), default=0.0)
+    return line + (f"; verified on {verification['runs']} run(s), max abs diff {worst:.3g}")
+
+
+def run_passes(args: argparse.Namespace) -> int:
+    from worker.api import list_passes
+
+    passes = list_passes()
+    if args.json:
+        print(json.dumps(passes, indent=2))
+        return 0
+    rows = [("POS", "NAME", "KIND", "LEVEL", "TARGETS", "ORIGIN", "DESCRIPTION")]
+    for p in sorted(passes, key=lambda p: (p["position"] is None, p["position"] or 0, p["name"])):
+        rows.append((str(p["position"] or "-"), p["name"], p["kind"], str(p["level"]),
+                     ",".join(p["targets"]) if p["targets"] else "any", p["origin"], p["description"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    if parser is None:
+        parser, _ = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except MirserveError as exc:
+        if args.debug or os.environ.get("MIRSERVE_DEBUG"):
+            raise
+        print(f"mirserve: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the disk is full, or the report's directory is missing
+        if args.debug or os.environ.get("MIRSERVE_DEBUG"):
+            raise
+        print(f"mirserve: error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Evaluate one node on known inputs: numpy kernels for the common (mostly shape-computing) ops, and
+``onnx.reference`` for the rest.
+
+Used by type inference to learn the values of shape subgraphs, and by constant folding. Callers decide what
+is worth evaluating (sizes, determinism, Q/DQ); this module only computes, and returns None when it cannot.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from onnx import helper
+
+from worker.ir import Node
+
+#: Ops whose result is not a function of their inputs: never evaluated.
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                              "Multinomial", "Bernoulli", "Dropout_training"})
+
+Kernel = Callable[[Node, list, int], "list[np.ndarray] | None"]
+_KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(*op_types: str):
+    def register(fn: Kernel) -> Kernel:
+        for op in op_types:
+            _KERNELS[op] = fn
+        return fn
+    return register
+
+
+def evaluate(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    """Outputs of ``node`` for these input arrays (None for an omitted optional input), or None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or node.subgraphs():
+        return None
+    fn = _KERNELS.get(node.op_type)
+    try:
+        if fn is not None:
+            outputs = fn(node, list(inputs), opset)
+            if outputs is not None:
+                return [np.asarray(o) for o in outputs]
+        return _reference(node, inputs, opset)
+    except Exception:  # an input the op rejects: leave the value unknown, the runtime will complain
+        return None
+
+
+def _reference(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator
+
+    from worker.ir.serde import encode_attribute
+
+    names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]
+    proto = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.outputs))])
+    proto.attribute.extend(encode_attribute(a) for a in node.attributes.values())
+    evaluator = ReferenceEvaluator(_one_node_model(proto, inputs, opset))
+    feeds = {f"i{k}": x for k, x in enumerate(inputs) if x is not None}
+    return [np.asarray(o) for o in evaluator.run(None, feeds)]
+
+
+def _one_node_model(proto, inputs, opset: int):
+    graph_inputs = [helper.make_tensor_value_info(f"i{k}", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+                    for k, x in enumerate(inputs) if x is not None]
+    graph_outputs = [helper.make_empty_tensor_value_info(name) for name in proto.output]
+    graph = helper.make_graph([proto], "eval", graph_inputs, graph_outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _axes(node: Node, inputs: list, opset: int, since: int, slot: int = 1) -> list[int] | None:
+    """Axes of Squeeze/Unsqueeze/Reduce*: an attribute before opset ``since``, an input from it on."""
+    if opset >= since:
+        value = inputs[slot] if len(inputs) > slot else None
+        return None if value is None else [int(a) for a in np.asarray(value).reshape(-1)]
+    axes = node.attr("axes")
+    return None if axes is None else list(axes)
+
+
+@kernel("Identity")
+def _identity(node, x, opset):
+    return [x[0]]
+
+
+@kernel("Shape")
+def _shape(node, x, opset):
+    dims = np.array(x[0].shape, dtype=np.int64)
+    start, end = node.attr("start", 0), node.attr("end")
+    return [dims[start:end]]
+
+
+@kernel("Size")
+def _size(node, x, opset):
+    return [np.array(x[0].size, dtype=np.int64)]
+
+
+@kernel("Gather")
+def _gather(node, x, opset):
+    return [np.take(x[0], x[1].astype(np.int64), axis=node.attr("axis", 0))]
+
+
+@kernel("Unsqueeze")
+def _unsqueeze(node, x, opset):
+    axes = _axes(node, x, opset, 13)
+    out_rank = x[0].ndim + len(axes)
+    result = x[0]
+    for axis in sorted(a % out_rank for a in axes):
+        result = np.expand_dims(result, axis)
+    return [result]
+
+
+@kernel("Squeeze")
+def _squeeze(node, x, opset):
+    axes = _axes(node, x, opset, 13)
+    if axes is None:
+        return [np.squeeze(x[0])]
+    return [np.squeeze(x[0], axis=tuple(a % x[0].ndim for a in axes))]
+
+
+@kernel("Concat")
+def _concat(node, x, opset):
+    return [np.concatenate([a for a in x if a is not None], axis=node.attr("axis"))]
+
+
+@kernel("Slice")
+def _slice(node, x, opset):
+    data = x[0]
+    if opset < 10:
+        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+    else:
+        starts, ends = x[1], x[2]
+        axes = x[3] if len(x) > 3 else None
+        steps = x[4] if len(x) > 4 else None
+    starts = [int(s) for s in np.reshape(starts, -1)]
+    ends = [int(e) for e in np.reshape(ends, -1)]
+    axes = list(range(len(starts))) if axes is None else [int(a) % data.ndim for a in np.reshape(axes, -1)]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in np.reshape(steps, -1)]
+    index = [slice(None)] * data.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        index[axis] = slice(*slice(start, end, step).indices(data.shape[axis]))
+    return [data[tuple(index)]]
+
+
+@kernel("Cast")
+def _cast(node, x, opset):
+    return [x[0].astype(helper.tensor_dtype_to_np_dtype(node.attr("to")))]
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero, as ONNX runtimes do (numpy's // floors)."""
+    quotient = np.abs(a) // np.abs(b)
+    return (np.sign(a) * np.sign(b) * quotient).astype(np.result_type(a, b))
+
+
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
+           "Greater": np.greater, "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+           "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}
+
+
+@kernel(*_BINARY)
+def _binary(node, x, opset):
+    result = _BINARY[node.op_type](x[0], x[1])
+    return [result if result.dtype == np.bool_ else result.astype(np.result_type(x[0], x[1]))]
+
+
+@kernel("Div")
+def _div(node, x, opset):
+    a, b = x
+    if np.issubdtype(a.dtype, np.integer):
+        return [_int_divide(a, b)]
+    return [(a / b).astype(a.dtype)]
+
+
+@kernel("Max", "Min")
+def _max_min(node, x, opset):
+    fn = np.maximum if node.op_type == "Max" else np.minimum
+    result = x[0]
+    for other in x[1:]:
+        result = fn(result, other)
+    return [result]
+
+
+_UNARY = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Floor": np.floor, "Ceil": np.ceil,
+          "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Exp": np.exp, "Log": np.log}
+
+
+@kernel(*_UNARY)
+def _unary(node, x, opset):
+    return [_UNARY[node.op_type](x[0]).astype(x[0].dtype)]
+
+
+@kernel("Where")
+def _where(node, x, opset):
+    return [np.where(x[0], x[1], x[2])]
+
+
+@kernel("Range")
+def _range(node, x, opset):
+    start, limit, delta = (np.asarray(v).reshape(()) for v in x)
+    return [np.arange(start, limit, delta, dtype=np.result_type(start, limit, delta))]
+
+
+@kernel("Expand")
+def _expand(node, x, opset):
+    shape = [int(d) for d in x[1]]
+    target = np.broadcast_shapes(x[0].shape, tuple(shape))
+    return [np.broadcast_to(x[0], target).copy()]
+
+
+@kernel("ConstantOfShape")
+def _constant_of_shape(node, x, opset):
+    fill = node.attr("value")
+    value = np.zeros(1, dtype=np.float32) if fill is None else np.asarray(fill).reshape(-1)
+    return [np.full([int(d) for d in x[0]], value[0], dtype=value.dtype)]
+
+
+@kernel("Reshape")
+def _reshape(node, x, opset):
+    shape = [int(d) for d in (x[1] if opset >= 5 else node.attr("shape"))]
+    if not node.attr("allowzero", 0):
+        shape = [x[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [x[0].reshape(shape)]
+
+
+@kernel("Flatten")
+def _flatten(node, x, opset):
+    axis = node.attr("axis", 1) % (x[0].ndim or 1) if x[0].ndim else 0
+    outer = int(np.prod(x[0].shape[:axis], dtype=np.int64))
+    return [x[0].reshape(outer, -1)]
+
+
+@kernel("Transpose")
+def _transpose(node, x, opset):
+    return [np.transpose(x[0], node.attr("perm"))]
+
+
+@kernel("Tile")
+def _tile(node, x, opset):
+    return [np.tile(x[0], [int(r) for r in x[1]])]
+
+
+_REDUCE = {"ReduceProd": np.prod, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min,
+           "ReduceMean": np.mean}
+
+
+@kernel(*_REDUCE)
+def _reduce(node, x, opset):
+    since = 13 if node.op_type == "ReduceSum" else 18
+    axes = _axes(node, x, opset, since)
+    keepdims = bool(node.attr("keepdims", 1))
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0):
+            return [x[0]]
+        axes = None
+    result = _REDUCE[node.op_type](x[0], axis=None if axes is None else tuple(axes), keepdims=keepdims)
+    return [np.asarray(result).astype(x[0].dtype)]

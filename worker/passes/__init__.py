@@ -1,0 +1,10 @@
+"""Passes: the registry, the manager, the pipelines, and every built-in pass (registered on import)."""
+from worker.passes.base import Pass, PassContext, PassInfo, PassKind, PassResult
+from worker.passes.manager import PassManager
+from worker.passes.pipelines import FixedPoint, Pipeline, get_pipeline
+from worker.passes.registry import REGISTRY, register_pass
+
+from worker.passes.analysis import type_inference  # noqa: E402,F401  (registration)
+
+__all__ = ["FixedPoint", "Pass", "PassContext", "PassInfo", "PassKind", "PassManager", "PassResult",
+           "Pipeline", "REGISTRY", "get_pipeline", "register_pass"]

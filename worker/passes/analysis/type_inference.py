@@ -1,0 +1,240 @@
+"""type_inference: a dtype and a shape for every value, nested bodies included.
+
+onnx's shape inference (with data propagation) does most of the work, but it cannot see through shape
+subgraphs whose values it does not know (Shape -> Slice -> Concat -> Reshape, Range, Expand), and it keeps
+stale value_info that exporters and quantizers leave behind. So we infer from scratch, from the user's input
+shapes (like NNVM's shape dict, or onnxsim's overwrite-input-shape), then evaluate the small tensors whose
+values are now known (shape arithmetic) and infer again with them as constants, until nothing new is learned.
+Dims keep their symbolic names where they stay unknown; values left without a type are listed in the trace.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from worker.errors import OptionsError
+from worker.evaluate import evaluate
+from worker.ir import Graph, Model, Value, model_to_proto
+from worker.ir.serde import type_from_proto
+from worker.ir.value import Dim, Shape
+from worker.passes.base import PassContext, PassKind, PassResult
+from worker.passes.registry import register_pass
+
+#: Largest tensor (in elements) whose value type inference computes to learn shapes.
+MAX_EVALUATED = 4096
+MAX_ROUNDS = 6
+#: Ops whose output size follows from input values, bounded before evaluating them.
+_SIZED_BY_VALUE = {"ConstantOfShape", "Expand", "Tile", "Range"}
+
+
+def apply_input_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Fix the shapes of graph inputs, refusing names the model lacks and dims that contradict it."""
+    inputs = {v.name: v for v in graph.inputs if not v.is_initializer}
+    for name, dims in shapes.items():
+        value = inputs.get(name)
+        if value is None:
+            raise OptionsError(f"input shape given for {name!r}, but the model's inputs are "
+                               f"{', '.join(repr(n) for n in inputs) or 'none'}", field="input_shapes")
+        dims = tuple(int(d) for d in dims)
+        if value.shape is not None and len(value.shape) != len(dims):
+            raise OptionsError(f"input shape of {name!r} has {len(dims)} dims, the model declares rank "
+                               f"{len(value.shape)} ({_show(value.shape)})", field="input_shapes")
+        for axis, (declared, given) in enumerate(zip(value.shape or dims, dims)):
+            if isinstance(declared, int) and declared != given:
+                raise OptionsError(f"input shape of {name!r}: dim {axis} is {declared} in the model, "
+                                   f"{given} given", field="input_shapes")
+        value.shape = dims
+
+
+def _show(shape: Shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+@register_pass(name="type_inference", kind=PassKind.STMT, level=0,
+               description="infer the dtype and shape of every value from the input shapes, "
+                           "evaluating shape subgraphs")
+def type_inference(ctx: PassContext) -> PassResult:
+    result = PassResult()
+    known: dict[str, np.ndarray] = {}
+    rounds = 0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        error = _infer_with_onnx(ctx.model, known)
+        if error:
+            result.data["onnx_inference_error"] = error
+        if not _propagate_values(ctx.model.graph, known, ctx.opset()):
+            break
+    result.data.update(_coverage(ctx.model.graph), rounds=rounds, evaluated_values=len(known))
+    return result
+
+
+def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
+    proto = model_to_proto(model, with_weights=False, value_info=False)
+    _forget_output_shapes(proto.graph)
+    _substitute_known(proto.graph, known)
+    try:
+        inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference of some op failed: keep what we have and say so
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    types: dict[str, onnx.TypeProto] = {}
+    _collect_types(inferred.graph, types)
+    for graph in model.graph.all_graphs():
+        for value in graph.values():
+            found = types.get(value.name)
+            if found is not None and not value.is_initializer and not value.is_graph_input:
+                _merge(value, *type_from_proto(found))
+    return None
+
+
+def _forget_output_shapes(graph: onnx.GraphProto) -> None:
+    """Graph outputs keep their dtype for inference; their declared shapes may be stale."""
+    for output in graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+
+
+def _substitute_known(graph: onnx.GraphProto, known: dict[str, np.ndarray]) -> None:
+    """Nodes whose every output value is known become initializers, so inference sees their data."""
+    if not known:
+        return
+    kept = []
+    for node in graph.node:
+        outputs = [o for o in node.output if o]
+        if outputs and all(o in known for o in outputs):
+            graph.initializer.extend(onnx.numpy_helper.from_array(known[o], o) for o in outputs)
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _collect_types(graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    for info in list(graph.value_info) + list(graph.output):
+        types[info.name] = info.type
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _collect_types(attr.g, types)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for body in attr.graphs:
+                    _collect_types(body, types)
+
+
+def _merge(value: Value, dtype: int, shape: Shape | None, other) -> None:
+    if other is not None:
+        value.type_proto = other
+        return
+    if dtype:
+        value.dtype = dtype
+    if shape is None:
+        return
+    if value.shape is None or len(value.shape) != len(shape):
+        value.shape = shape
+        return
+    value.shape = tuple(_merge_dim(old, new) for old, new in zip(value.shape, shape))
+
+
+def _merge_dim(old: Dim, new: Dim) -> Dim:
+    """Static beats symbolic beats unknown; a name from the model beats one onnx made up (unk__N)."""
+    if isinstance(new, int):
+        return new
+    if isinstance(old, int):
+        return old
+    if isinstance(new, str) and not new.startswith("unk__"):
+        return new
+    return old if old is not None else new
+
+
+def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
+    """Evaluate nodes whose inputs are known and small; returns how many values became known."""
+    learned = 0
+    for node in graph:
+        if all(v.name in known or not v.is_used for v in node.outputs):
+            continue
+        inputs = _known_inputs(node, known)
+        if inputs is None or not _small_enough(node, inputs):
+            continue
+        outputs = evaluate(node, inputs, opset)
+        if outputs is None or len(outputs) < len(node.outputs):
+            continue
+        for value, array in zip(node.outputs, outputs):
+            if array.size <= MAX_EVALUATED and value.name not in known:
+                known[value.name] = array
+                learned += 1
+                if not value.dtype:
+                    value.dtype = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+                value.shape = tuple(int(d) for d in array.shape)
+    return learned
+
+
+def _known_inputs(node, known: dict[str, np.ndarray]) -> list | None:
+    if node.op_type in ("Shape", "Size") and node.domain == "":
+        source = node.input(0)
+        if source is None or not source.is_static:
+            return None
+        return [np.empty(source.shape, dtype=np.uint8) if source.numel() <= MAX_EVALUATED
+                else np.lib.stride_tricks.as_strided(np.empty(1, np.uint8), source.shape, [0] * len(source.shape))]
+    inputs = []
+    for value in node.inputs:
+        if value is None:
+            inputs.append(None)
+            continue
+        array = known.get(value.name)
+        if array is None:
+            if value.numel() is not None and value.numel() > MAX_EVALUATED:
+                return None
+            array = value.constant_value()
+        if array is None or array.size > MAX_EVALUATED:
+            return None
+        inputs.append(array)
+    return inputs
+
+
+def _small_enough(node, inputs: list) -> bool:
+    """Bound the outputs of ops whose size comes from input values before computing them."""
+    out = node.outputs[0]
+    if out.numel() is not None:
+        return out.numel() <= MAX_EVALUATED
+    if node.op_type not in _SIZED_BY_VALUE:
+        return True
+    try:
+        if node.op_type == "ConstantOfShape":
+            size = int(np.prod(inputs[0], dtype=np.int64))
+        elif node.op_type == "Expand":
+            size = int(np.prod(np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1]))))
+        elif node.op_type == "Tile":
+            size = inputs[0].size * int(np.prod(inputs[1], dtype=np.int64))
+        else:
+            start, limit, delta = (float(np.asarray(v).reshape(())) for v in inputs)
+            size = int(np.ceil((limit - start) / delta)) if delta else MAX_EVALUATED + 1
+    except (ValueError, TypeError, IndexError):
+        return False
+    return 0 <= size <= MAX_EVALUATED
+
+
+def _coverage(graph: Graph) -> dict:
+    """How many values have a dtype and a fully static shape; the ones without a type, by name."""
+    total = typed = static = 0
+    untyped: list[str] = []
+    symbolic: dict[str, None] = {}
+    for body in graph.all_graphs():
+        for value in body.values():
+            total += 1
+            if value.type_proto is not None:
+                typed += 1
+                continue
+            if not value.dtype or value.shape is None:
+                if value.is_used:
+                    untyped.append(value.name)
+                else:
+                    total -= 1  # an unused optional output: nothing to type
+                continue
+            typed += 1
+            if value.is_static:
+                static += 1
+            else:
+                symbolic.update((d, None) for d in value.shape if isinstance(d, str))
+    return {"values": total, "typed": typed, "static": static, "untyped": untyped,
+            "symbolic_dims": list(symbolic)}

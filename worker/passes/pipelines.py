@@ -1,0 +1,112 @@
+"""Named pipelines: plain ordered lists of pass names, with groups that repeat to a fixed point.
+
+A pipeline may also be built from the run's options (like the Sophon seed's ``manage_passes``), which is how a
+plugin offers a pipeline that picks its passes per job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
+
+if TYPE_CHECKING:
+    from worker.options import OptimizeOptions
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Run ``steps`` again and again until an iteration rewrites nothing, at most ``max_iterations`` times."""
+
+    name: str
+    steps: tuple[str, ...]
+    max_iterations: int = 8
+
+
+Step = Union[str, FixedPoint]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    description: str
+    steps: tuple[Step, ...] = ()
+    #: Builds the steps from the options instead of ``steps`` (options-driven pipelines).
+    build: Callable[["OptimizeOptions"], Sequence[Step]] | None = None
+    origin: str = "built-in"
+
+    def steps_for(self, options: "OptimizeOptions") -> tuple[Step, ...]:
+        return tuple(self.build(options)) if self.build is not None else self.steps
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "origin": self.origin,
+                "passes": None if self.build is not None else pass_names(self.steps)}
+
+
+def pass_names(steps: Sequence[Step]) -> list[str]:
+    """Every pass name of ``steps`` in order, each once."""
+    return list(dict.fromkeys(_flatten(steps)))
+
+
+def _flatten(steps: Sequence[Step]) -> Iterator[str]:
+    for step in steps:
+        if isinstance(step, FixedPoint):
+            yield from step.steps
+        else:
+            yield step
+
+
+# The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
+#: Checks before any rewriting (every op has a kernel in some valid place).
+SUPPORT: tuple[str, ...] = ()
+#: Cleanup, constant and shape folding, eliminations, fusions into standard ops, replacements (levels 1-2),
+#: repeated together until nothing changes: a fusion often exposes an elimination and the other way round.
+SIMPLIFY: tuple[str, ...] = ()
+#: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
+DOMAIN_FUSE: tuple[str, ...] = ()
+#: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
+PLACE: tuple[str, ...] = ()
+#: Memory planning over the final execution order.
+MEMORY: tuple[str, ...] = ()
+
+DEFAULT = Pipeline(
+    name="default",
+    description="type inference, graph rewrites, kernel pick per place, casts, memory plan",
+    steps=(
+        "type_inference",
+        *SUPPORT,
+        FixedPoint("simplify", SIMPLIFY, max_iterations=8),
+        *DOMAIN_FUSE,
+        *PLACE,
+        *MEMORY,
+    ),
+)
+
+ANALYSIS = Pipeline(
+    name="analysis",
+    description="type inference only: the model is written back unchanged",
+    steps=("type_inference",),
+)
+
+_PIPELINES: dict[str, Pipeline] = {p.name: p for p in (DEFAULT, ANALYSIS)}
+
+
+def register_pipeline(pipeline: Pipeline) -> Pipeline:
+    existing = _PIPELINES.get(pipeline.name)
+    if existing is not None:
+        raise ValueError(f"pipeline {pipeline.name!r} from {pipeline.origin} clashes with the pipeline of the "
+                         f"same name from {existing.origin}")
+    _PIPELINES[pipeline.name] = pipeline
+    return pipeline
+
+
+def unregister_pipeline(name: str) -> None:
+    pipeline = _PIPELINES.get(name)
+    if pipeline is not None and pipeline.origin != "built-in":
+        del _PIPELINES[name]
+
+
+def get_pipeline(name: str) -> Pipeline | None:
+    return _PIPELINES.get(name)
+
+
+def all_pipelines() -> list[Pipeline]:
+    return list(_PIPELINES.values())
