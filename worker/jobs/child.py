@@ -27,6 +27,9 @@ SPEC_LIMIT = 1 << 20
 PR_SET_PDEATHSIG = 1
 #: Exit codes the runner understands; anything else (or a signal) means the process died.
 EXIT_OK, EXIT_JOB_FAILED = 0, 1
+#: How allocation failures read in the messages of numpy, onnxruntime and the C++ runtime.
+ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "BFCArena::AllocateRawInternal", "Cannot allocate memory",
+                       "MemoryError", "Unable to allocate")
 
 
 def main() -> int:
@@ -65,12 +68,15 @@ def describe_error(error: BaseException, memory_bytes: int) -> dict[str, Any]:
     """The stored form of a failure: user errors keep their message and field; the rest are explained."""
     from worker.errors import MirserveError
 
-    if isinstance(error, MirserveError):
-        return {"type": type(error).__name__, "message": str(error), "field": error.field}
-    if isinstance(error, MemoryError) or "bad_alloc" in str(error) or "Failed to allocate" in str(error):
+    if memory_bytes > 0 and (isinstance(error, MemoryError) or any(m in str(error) for m in ALLOCATION_FAILURES)):
+        # Under RLIMIT_AS an allocation failure surfaces wherever it happens: numpy, onnxruntime's arena, or a
+        # verification child whose crash the engine reports as a VerificationError.
         limit = memory_bytes // (1 << 20)
         return {"type": "ResourceLimitError", "field": None,
-                "message": f"the optimization needed more memory than the job limit of {limit} MiB"}
+                "message": f"the optimization needed more memory than the job limit of {limit} MiB "
+                           f"({type(error).__name__}: {str(error)[:200]})"}
+    if isinstance(error, MirserveError):
+        return {"type": type(error).__name__, "message": str(error), "field": error.field}
     return {"type": "InternalError", "field": None,
             "message": f"the engine failed unexpectedly ({type(error).__name__}: {error})"}
 

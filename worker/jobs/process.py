@@ -38,6 +38,8 @@ class EngineProcess:
         # glibc reserves 64 MiB of address space per thread arena; with an RLIMIT_AS limit that reservation,
         # not real use, would be what fails first.
         env.setdefault("MALLOC_ARENA_MAX", "2")
+        # The engine does no BLAS work worth threads; OpenBLAS would reserve a buffer per core up front.
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         with open(log_path, "wb") as log:
             self._popen = subprocess.Popen(
                 [sys.executable, "-m", "worker.jobs.child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

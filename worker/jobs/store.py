@@ -191,7 +191,11 @@ class JobStore:
         self.clock = clock
 
     def create_schema(self) -> None:
-        metadata.create_all(self.engine)
+        """Create missing tables; safe when several processes start at once (the API and its worker)."""
+        with write_transaction(self.engine) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(7245510)"))
+            metadata.create_all(conn)
 
     def dispose(self) -> None:
         self.engine.dispose()
