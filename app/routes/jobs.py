@@ -58,7 +58,8 @@ def _matches(if_none_match: str, etag: str) -> bool:
     return "*" in tags or etag in tags
 
 
-@router.get("/{job_id}/trace", response_model=list[TraceEntry], responses=problem_responses(404, 409))
+@router.get("/{job_id}/trace", response_model=list[TraceEntry], response_model_exclude_unset=True,
+            responses=problem_responses(404, 409))
 def get_trace(job: JobDep, services: ServicesDep) -> Any:
     """Per pass: kind, origin, seconds, skip reason, node and value counts before and after, rewrites."""
     return jobs.report(services, job).get("trace") or []

@@ -176,10 +176,10 @@ def test_stopping_a_worker_gives_its_running_job_back(make_worker):
     first.stop(timeout=5)
     assert not _alive(pid)
     assert first.store.get(job_id).state is JobState.QUEUED
-    second = make_worker()
-    with write_transaction(second.store.engine) as conn:  # let the second run go quickly
+    with write_transaction(first.store.engine) as conn:  # let the second run go quickly
         conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
                      .values(options={"passes": 1}))
+    second = make_worker()
     job = finished(second, job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2)
     assert "shut down" in job.retry_reason
