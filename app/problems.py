@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("mirserve.api")
@@ -89,9 +90,21 @@ async def _on_http_error(request: Request, error: StarletteHTTPException) -> JSO
     detail = error.detail if isinstance(error.detail, str) else None
     if error.status_code == 404 and detail == "Not Found":
         detail = f"there is nothing at {request.url.path}"
-    elif error.status_code == 405:
+    headers = getattr(error, "headers", None)
+    if error.status_code == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
-    return problem_response(request, error.status_code, detail=detail, headers=getattr(error, "headers", None))
+        headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+    return problem_response(request, error.status_code, detail=detail, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method of every route matching the path (Starlette names only the first matching route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE and getattr(route, "methods", None):
+            methods.update(route.methods)
+    return sorted(methods)
 
 
 async def _on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

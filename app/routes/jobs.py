@@ -19,7 +19,7 @@ ONNX_MEDIA_TYPE = "application/octet-stream"
 
 @router.get("", response_model=JobPage, responses=problem_responses(422))
 def list_jobs(services: ServicesDep, status: JobStatus | None = None,
-              limit: Annotated[int, Query(ge=1, le=100)] = 20, offset: Annotated[int, Query(ge=0)] = 0):
+              limit: Annotated[int, Query(ge=1, le=100)] = 20, offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0):
     """Jobs, newest first, optionally only those with one status."""
     found, total = services.store.list(state=JobState(status) if status else None, limit=limit, offset=offset)
     next_offset = offset + len(found) if offset + len(found) < total else None
