@@ -39,3 +39,22 @@ def scripted(model_path, output_path, options, progress):
         "memory": {"peak_bytes": 1024},
         "seconds": 0.01,
     }
+
+
+def slow_optimize(model_path, output_path, options, progress):
+    """The real engine, held back ``MIRSERVE_TEST_ENGINE_DELAY`` seconds at its first pass.
+
+    Kill tests need a job that is surely mid-run when they strike; the optimization itself is the real one.
+    """
+    from worker.jobs.engine import run_optimize
+
+    delay = float(os.environ.get("MIRSERVE_TEST_ENGINE_DELAY", "0"))
+    state = {"slept": False}
+
+    def slow_progress(index, total, pass_name):
+        progress(index, total, pass_name)
+        if not state["slept"]:
+            state["slept"] = True
+            time.sleep(delay)
+
+    return run_optimize(model_path, output_path, options, slow_progress)

@@ -95,7 +95,9 @@ class JobRunner:
         try:
             self.store.set_child(lease, process.pid)
             stop = self._supervise(lease, process)
-            state = self._settle(lease, stop, process, attempt_dir)
+            # Error messages name files; the user knows the upload by its own name, not our paths.
+            redact = {str(input_path): job.input_filename, str(attempt_dir / "model.onnx"): "the optimized model"}
+            state = self._settle(lease, stop, process, attempt_dir, redact)
         finally:
             with self._lock:
                 self._active.pop(job_id, None)
@@ -137,7 +139,8 @@ class JobRunner:
             if self._stopping.is_set():
                 return Stop.SHUTDOWN
 
-    def _settle(self, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path) -> JobState | None:
+    def _settle(self, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
+                redact: dict[str, str]) -> JobState | None:
         if stop is not Stop.EXITED:
             process.kill()
         if stop is Stop.LEASE_LOST:
@@ -151,17 +154,19 @@ class JobRunner:
             return JobState.FAILED if self.store.fail(lease, "TimeLimitError", message) else None
         if stop is Stop.SHUTDOWN:
             return self._retry(lease, "the worker running it shut down")
-        return self._settle_exit(lease, process.wait(), attempt_dir)
+        return self._settle_exit(lease, process.wait(), attempt_dir, redact)
 
-    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path) -> JobState | None:
+    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path,
+                     redact: dict[str, str]) -> JobState | None:
         verdict = _read_json(attempt_dir / "result.json", RESULT_LIMIT)
         if verdict is not None and verdict.get("ok") and returncode == 0:
             return self._publish(lease, attempt_dir)
         if verdict is not None and not verdict.get("ok"):
             error = verdict.get("error") or {}
-            failed = self.store.fail(lease, str(error.get("type") or "InternalError"),
-                                     str(error.get("message") or "the engine failed without a message"),
-                                     error.get("field"))
+            message = str(error.get("message") or "the engine failed without a message")
+            for path, name in redact.items():
+                message = message.replace(path, name)
+            failed = self.store.fail(lease, str(error.get("type") or "InternalError"), message, error.get("field"))
             return JobState.FAILED if failed else None
         how = describe_exit(returncode)
         if returncode < 0 and -returncode in EXTERNAL_SIGNALS:

@@ -8,7 +8,8 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
     """Sizes before and after, passes and rewrites, verification outcome; missing parts become None."""
     model = report.get("model") or {}
     before, after = model.get("input") or {}, model.get("output") or {}
-    trace = [t for t in report.get("trace") or [] if isinstance(t, Mapping)]
+    # Pipeline groups (kind "fixed_point") have trace entries of their own; only passes count.
+    trace = [t for t in report.get("trace") or [] if isinstance(t, Mapping) and t.get("kind") != "fixed_point"]
     verification = report.get("verification") or None
     outputs = (verification or {}).get("outputs") or []
     diffs = [o.get("max_abs_diff") for o in outputs if isinstance(o, Mapping)]
