@@ -10,7 +10,8 @@ from app.services import Services
 from worker.jobs.store import Job
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: no I/O here, and a sync dependency would cost a thread-pool hop on every request.
     return request.app.state.services
 
 

@@ -25,6 +25,10 @@ paths (404) and methods (405), is an RFC 9457 `application/problem+json` documen
 
 
 def build_services(settings: Settings) -> Services:
+    # Import the engine's registries now: done lazily by the first POST, it would hold the GIL for about a
+    # second (numpy, onnx, every pass module) and stall every request in flight.
+    import worker.api  # noqa: F401
+
     config = settings.job_config
     store = JobStore(config.database_url)
     store.create_schema()

@@ -28,7 +28,7 @@ def list_jobs(services: ServicesDep, status: JobStatus | None = None,
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=problem_responses(404))
-def get_job(job: JobDep, response: Response):
+async def get_job(job: JobDep, response: Response):  # the job is loaded in the thread pool by JobDep
     """The job's status, progress (current pass, i of n), attempt, timestamps, error and summary."""
     if not job.state.is_terminal:
         response.headers["Retry-After"] = RETRY_AFTER_SECONDS

@@ -1,0 +1,213 @@
+"""Load test: a burst of jobs submitted at once to an API with two worker processes, while every job's client
+polls ``GET /jobs/{id}``; prints the latency of those polls and checks that no job was lost or run twice.
+
+    python bench/load_jobs.py                       # 50 jobs, 2 workers, SQLite + SqliteHuey
+    python bench/load_jobs.py --redis-url redis://127.0.0.1:6379/0 \
+        --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test
+
+It starts ``mirserve api`` and ``--workers`` × ``mirserve worker`` (one job at a time each) on a temporary data
+directory, submits ``--jobs`` copies of the model concurrently, and has one client per job poll its job every
+``--poll-interval`` seconds until it finishes. Latency is measured by the clients (wall time of each request)
+and cross-checked with the server's own histogram from ``/metrics``. Exit status 1 if a check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_NAME = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+
+
+def default_model() -> Path:
+    """The corpus classifier: ``shared/corpus`` beside the checkout or one of its parents, or $MIRSERVE_CORPUS."""
+    if os.environ.get("MIRSERVE_CORPUS"):
+        return Path(os.environ["MIRSERVE_CORPUS"]) / MODEL_NAME
+    for parent in REPO.parents:
+        if (parent / "shared" / "corpus" / MODEL_NAME).is_file():
+            return parent / "shared" / "corpus" / MODEL_NAME
+    return REPO.parent / "shared" / "corpus" / MODEL_NAME
+
+TERMINAL = {"succeeded", "failed", "canceled"}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=default_model())
+    parser.add_argument("--places", default="arm/fp16/nhwc,arm/fp32/nchw")
+    parser.add_argument("--options", default='{"input_shapes": {"x": [1, 3, 48, 192]}}')
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between one client's polls")
+    parser.add_argument("--database-url", help="job table URL (default: SQLite in the data directory)")
+    parser.add_argument("--redis-url", help="use RedisHuey on this server (default: SqliteHuey)")
+    parser.add_argument("--p99-goal-ms", type=float, default=50.0)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    return parser.parse_args()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_processes(args, data_dir: Path, port: int, log_dir: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(data_dir), "MIRSERVE_PORT": str(port),
+           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_QUEUE_NAME": f"mirserve-load-{port}"}
+    if args.database_url:
+        env["MIRSERVE_DATABASE_URL"] = args.database_url
+    if args.redis_url:
+        env["MIRSERVE_REDIS_URL"] = args.redis_url
+    commands = [["api"]] + [["worker", "--concurrency", "1"]] * args.workers
+    processes = []
+    for i, command in enumerate(commands):
+        log = open(log_dir / f"{command[0]}-{i}.log", "wb")
+        processes.append(subprocess.Popen([sys.executable, "-m", "app.cli", *command], cwd=REPO, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    return processes
+
+
+def wait_ready(base: str, workers: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            metrics = httpx.get(f"{base}/metrics", timeout=5).text
+            if f"mirserve_workers {workers}" in metrics.splitlines():
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"the service did not come up with {workers} workers within {timeout} s")
+
+
+async def one_client(client: httpx.AsyncClient, args, model: bytes, index: int, polls: list[float],
+                     submits: list[float]) -> dict:
+    started = time.perf_counter()
+    response = await client.post("/optimize", files={"model": (f"model-{index}.onnx", model)},
+                                 data={"places": args.places, "options": args.options})
+    submits.append(time.perf_counter() - started)
+    response.raise_for_status()
+    job_id = response.json()["id"]
+    # Independent clients do not poll in lockstep: each starts at its own offset within the interval.
+    await asyncio.sleep(random.uniform(0, args.poll_interval))
+    while True:
+        await asyncio.sleep(args.poll_interval)
+        started = time.perf_counter()
+        response = await client.get(f"/jobs/{job_id}")
+        polls.append(time.perf_counter() - started)
+        job = response.json()
+        if job["status"] in TERMINAL:
+            return job
+
+
+async def burst(args, base: str) -> tuple[list[dict], list[float], list[float], float]:
+    model = args.model.read_bytes()
+    polls: list[float] = []
+    submits: list[float] = []
+    limits = httpx.Limits(max_connections=args.jobs + 10, max_keepalive_connections=args.jobs + 10)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        started = time.perf_counter()
+        jobs = await asyncio.wait_for(asyncio.gather(*(one_client(client, args, model, i, polls, submits)
+                                                       for i in range(args.jobs))), args.timeout)
+        return jobs, polls, submits, time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered))) - 1))]
+
+
+def server_p99_bound(base: str) -> str:
+    """The upper bound of the bucket holding the server-side 99th percentile of GET /jobs/{job_id}."""
+    buckets = []
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith('mirserve_http_request_duration_seconds_bucket{method="GET",route="/jobs/{job_id}"'):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((bound, float(line.rsplit(" ", 1)[1])))
+    total = buckets[-1][1]
+    for bound, count in buckets:
+        if count >= 0.99 * total:
+            return f"<= {float(bound) * 1000:g} ms" if bound != "+Inf" else "> 10 s"
+    return "unknown"
+
+
+def check_outcome(jobs: list[dict], data_dir: Path, base: str, expected: int) -> list[str]:
+    problems = []
+    ids = [j["id"] for j in jobs]
+    if len(set(ids)) != expected:
+        problems.append(f"{expected - len(set(ids))} job(s) lost")
+    not_ok = [j for j in jobs if j["status"] != "succeeded"]
+    if not_ok:
+        problems.append(f"{len(not_ok)} job(s) did not succeed, e.g. {not_ok[0]['status']}: {not_ok[0]['error']}")
+    rerun = [j["id"] for j in jobs if j["attempt"] != 1]
+    if rerun:
+        problems.append(f"{len(rerun)} job(s) ran more than once")
+    listed = httpx.get(f"{base}/jobs", params={"limit": 1}).json()["total"]
+    if listed != expected:
+        problems.append(f"the job table holds {listed} jobs, not {expected}")
+    published = sum(len(list((data_dir / "jobs" / i).glob("attempt-*/model.onnx"))) for i in ids)
+    if published != expected:
+        problems.append(f"{published} artifacts on disk for {expected} jobs")
+    return problems
+
+
+def main() -> int:
+    args = parse_args()
+    if not args.model.is_file():
+        raise SystemExit(f"no model at {args.model}; pass --model")
+    data_dir = Path(tempfile.mkdtemp(prefix="mirserve-load-"))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    processes = start_processes(args, data_dir / "data", port, data_dir)
+    try:
+        wait_ready(base, args.workers)
+        jobs, polls, submits, seconds = asyncio.run(burst(args, base))
+        server_bound = server_p99_bound(base)
+        problems = check_outcome(jobs, data_dir / "data", base, args.jobs)
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    p99_ms = percentile(polls, 99) * 1000
+    figures = {
+        "jobs": args.jobs, "workers": args.workers, "model": args.model.name,
+        "queue": "redis" if args.redis_url else "sqlite", "database": (args.database_url or "sqlite").split(":")[0],
+        "burst_seconds": round(seconds, 2), "jobs_per_second": round(args.jobs / seconds, 2),
+        "engine_seconds_mean": round(statistics.mean(j["summary"]["seconds"] for j in jobs
+                                                     if j.get("summary")), 3) if jobs else None,
+        "submit_ms": {"p50": round(percentile(submits, 50) * 1000, 1), "p99": round(percentile(submits, 99) * 1000, 1)},
+        "get_job_ms": {"requests": len(polls), "p50": round(percentile(polls, 50) * 1000, 1),
+                       "p95": round(percentile(polls, 95) * 1000, 1), "p99": round(p99_ms, 1),
+                       "max": round(max(polls) * 1000, 1)},
+        "get_job_server_p99": server_bound,
+        "all_succeeded_once": not problems,
+    }
+    print(json.dumps(figures, indent=2))
+    if p99_ms >= args.p99_goal_ms:
+        problems.append(f"GET /jobs/{{id}} p99 {p99_ms:.1f} ms is not under {args.p99_goal_ms:g} ms")
+    for problem in problems:
+        print(f"FAIL: {problem}", file=sys.stderr)
+    print(f"logs and data: {data_dir}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
