@@ -87,6 +87,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
         "options": options.to_dict(),
         "trace": trace,
         "verification": verification,
+        "memory": None,  # filled by the memory_plan pass when the pipeline runs it
     }
     report.update(ctx.report)
     report["seconds"] = round(time.perf_counter() - started, 3)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from worker import __version__
-from worker.errors import MirserveError
-from worker.files import write_json
+from worker.errors import MirserveError, OptionsError
+from worker.files import atomic_path, write_json
 from worker.options import OptimizeOptions, parse_shape_arg
 
 
@@ -51,6 +51,11 @@ def _add_optimize(commands) -> None:
                      help="random inputs to check (default: 1)")
     cmd.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4, 1e-2 with fp16)")
     cmd.add_argument("--atol", type=float, help="absolute tolerance (default 1e-5, 1e-3 with fp16)")
+    cmd.add_argument("--dim-bound", action="append", default=[], metavar="NAME=N",
+                     help="upper bound for a symbolic dim, or for the unknown dims of a data-dependent output "
+                          "(NonZero, Unique, ...), used by the memory plan (repeatable)")
+    cmd.add_argument("--memory-timeline", metavar="FILE.svg",
+                     help="draw live bytes per step of each memory arena, peak marked, as an SVG")
     cmd.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
     cmd.add_argument("--quiet", action="store_true", help="print nothing on success")
     cmd.set_defaults(func=run_optimize)
@@ -64,24 +69,69 @@ def _add_passes(commands) -> None:
 
 def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
     shapes = dict(parse_shape_arg(text) for text in args.input_shape)
+    bounds = dict(parse_dim_bound(text) for text in args.dim_bound)
     return OptimizeOptions(
-        places=args.places, input_shapes=shapes, opt_level=args.opt_level,
+        places=args.places, input_shapes=shapes, opt_level=args.opt_level, dim_bounds=bounds,
         disabled_passes=tuple(args.disable_pass), pipeline=args.pipeline, portable=args.portable,
         verify=not args.no_verify, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
         trusted_external_data=True,  # the user names a local file: its external data is theirs too
     )
 
 
+def parse_dim_bound(text: str) -> tuple[str, int]:
+    """Parse ``NAME=N`` (the name may itself contain '=')."""
+    name, sep, bound = text.rpartition("=")
+    if not sep or not name:
+        raise OptionsError(f"bad dim bound {text!r}: expected NAME=N", field="dim_bounds")
+    try:
+        value = int(bound)
+    except ValueError:
+        raise OptionsError(f"bad dim bound {text!r}: N must be an integer", field="dim_bounds") from None
+    if value <= 0:
+        raise OptionsError(f"bad dim bound {text!r}: N must be positive", field="dim_bounds")
+    return name, value
+
+
 def run_optimize(args: argparse.Namespace) -> int:
     from worker.api import optimize
 
     options = options_from_args(args)
+    if args.memory_timeline:
+        _check_timeline_target(Path(args.memory_timeline), options)
     report = optimize(args.model, args.output, options)
     if args.report:
         write_json(Path(args.report), report)
+    if args.memory_timeline:
+        write_memory_timeline(Path(args.memory_timeline), report)
     if not args.quiet:
         print(summary(report))
+        if report.get("memory"):
+            from worker.memory.report import memory_summary
+
+            print(memory_summary(report["memory"]))
     return 0
+
+
+def _check_timeline_target(path: Path, options: OptimizeOptions) -> None:
+    """Refuse before optimizing when the timeline could not be written, so no run is wasted."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise OptionsError(f"{path}: the directory {directory} does not exist", field="memory_timeline")
+    if "memory_plan" in options.disabled_passes:
+        raise OptionsError("--memory-timeline needs the memory_plan pass, which --disable-pass turns off",
+                           field="memory_timeline")
+
+
+def write_memory_timeline(path: Path, report: dict[str, Any]) -> None:
+    from worker.memory.timeline_svg import render_timeline
+
+    memory = report.get("memory")
+    if not memory:
+        raise MirserveError(f"no memory timeline to draw: pipeline {report.get('pipeline')!r} did not run the "
+                            f"memory_plan pass", field="memory_timeline")
+    title = f"live bytes per step: {Path(report['model']['input']['path']).name}"
+    with atomic_path(path) as tmp:
+        tmp.write_text(render_timeline(memory, title))
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from worker.passes.pipelines import FixedPoint, Pipeline, get_pipeline
 from worker.passes.registry import REGISTRY, register_pass
 
 from worker.passes.analysis import type_inference  # noqa: E402,F401  (registration)
+from worker.passes.memory import memory_plan  # noqa: E402,F401  (registration)
 
 __all__ = ["FixedPoint", "Pass", "PassContext", "PassInfo", "PassKind", "PassManager", "PassResult",
            "Pipeline", "REGISTRY", "get_pipeline", "register_pass"]

@@ -57,15 +57,20 @@ def _flatten(steps: Sequence[Step]) -> Iterator[str]:
 # The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
 #: Checks before any rewriting (every op has a kernel in some valid place).
 SUPPORT: tuple[str, ...] = ()
-#: Cleanup, constant and shape folding, eliminations, fusions into standard ops, replacements (levels 1-2),
-#: repeated together until nothing changes: a fusion often exposes an elimination and the other way round.
-SIMPLIFY: tuple[str, ...] = ()
+#: Cleanup, constant and shape folding, eliminations (level 1).
+CLEANUP: tuple[str, ...] = ()
+#: Fusions into standard ONNX ops (level 1) and replacements (level 2).
+FUSE: tuple[str, ...] = ()
+REPLACE: tuple[str, ...] = ()
+#: All of the above, repeated together until nothing changes: a fusion often exposes an elimination and the
+#: other way round.
+SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
 DOMAIN_FUSE: tuple[str, ...] = ()
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
 PLACE: tuple[str, ...] = ()
 #: Memory planning over the final execution order.
-MEMORY: tuple[str, ...] = ()
+MEMORY: tuple[str, ...] = ("memory_plan",)
 
 DEFAULT = Pipeline(
     name="default",
