@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import compile_path
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("mirserve.api")
@@ -90,21 +90,22 @@ async def _on_http_error(request: Request, error: StarletteHTTPException) -> JSO
     detail = error.detail if isinstance(error.detail, str) else None
     if error.status_code == 404 and detail == "Not Found":
         detail = f"there is nothing at {request.url.path}"
-    headers = getattr(error, "headers", None)
+    headers = dict(getattr(error, "headers", None) or {})
     if error.status_code == 405:
         detail = f"{request.method} is not allowed on {request.url.path}"
-        headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
-    return problem_response(request, error.status_code, detail=detail, headers=headers)
+        given = {m.strip() for m in headers.get("Allow", "").split(",") if m.strip()}
+        headers["Allow"] = ", ".join(sorted(given | _documented_methods(request)))
+    return problem_response(request, error.status_code, detail=detail, headers=headers or None)
 
 
-def _allowed_methods(request: Request) -> list[str]:
-    """Every method of every route matching the path (Starlette names only the first matching route's)."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE and getattr(route, "methods", None):
-            methods.update(route.methods)
-    return sorted(methods)
+def _documented_methods(request: Request) -> set[str]:
+    """The methods the OpenAPI document lists for this path (Starlette names only one route's methods)."""
+    table = getattr(request.app.state, "methods_by_path", None)
+    if table is None:
+        paths = request.app.openapi()["paths"]
+        table = [(compile_path(path)[0], {m.upper() for m in item}) for path, item in paths.items()]
+        request.app.state.methods_by_path = table
+    return {m for regex, methods in table if regex.match(request.url.path) for m in methods}
 
 
 async def _on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -45,7 +45,9 @@ class JobSummary(BaseModel):
     places: list[str] | None = None
     verified: bool | None = None
     max_abs_diff: float | None = None
-    peak_bytes: float | None = None
+    arena_bytes: int | None = Field(None, description="planned activation memory, all memory spaces together")
+    weights_bytes: int | None = None
+    macs: int | None = None
     seconds: float | None = None
 
 

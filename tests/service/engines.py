@@ -30,15 +30,19 @@ def scripted(model_path, output_path, options, progress):
         raise RuntimeError("a bug in the fake engine")
     shutil.copyfile(model_path, output_path)
     size = os.path.getsize(output_path)
-    return {
+    report = {
         "model": {"input": {"nodes": 2, "bytes": size}, "output": {"nodes": 1, "bytes": size}},
         "places": [options.get("places", "x86/fp32/nchw")],
         "trace": [{"pass": f"fake_pass_{i + 1}", "rewrites": 1, "skipped": False} for i in range(passes)],
         "verification": {"passed": True, "runs": 1, "rtol": 1e-5, "atol": 1e-6,
                          "outputs": [{"name": "y", "max_abs_diff": 0.0, "max_rel_diff": 0.0}]},
-        "memory": {"peak_bytes": 1024},
+        "memory": {"arenas": [{"space": "host", "arena_bytes": 1024}], "weights_bytes": {"host": 10},
+                   "macs": {"total": 99, "nodes": []}},
         "seconds": 0.01,
     }
+    if options.get("no_memory"):
+        del report["memory"]
+    return report
 
 
 def slow_optimize(model_path, output_path, options, progress):

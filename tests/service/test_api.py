@@ -104,9 +104,33 @@ def test_trace_memory_and_report_come_from_the_published_report(client, worker):
     job = wait_done(client, post_model(client).json()["id"])
     trace = client.get(job["links"]["trace"]).json()
     assert [t["pass"] for t in trace] == ["fake_pass_1", "fake_pass_2", "fake_pass_3"]
-    assert client.get(job["links"]["memory"]).json() == {"peak_bytes": 1024}
+    assert client.get(job["links"]["memory"]).json()["arenas"] == [{"space": "host", "arena_bytes": 1024}]
+    assert (job["summary"]["arena_bytes"], job["summary"]["weights_bytes"], job["summary"]["macs"]) == (1024, 10, 99)
     report = client.get(job["links"]["report"]).json()
     assert report["trace"] == trace and report["verification"]["passed"] is True
+
+
+def test_a_report_without_memory_estimates_answers_memory_with_404(client, settings):
+    job = post_model(client).json()
+    job_worker = JobWorker(settings.job_config)
+    _script(job_worker, job["id"], {"no_memory": True})
+    job_worker.start()
+    try:
+        assert wait_done(client, job["id"])["status"] == "succeeded"
+    finally:
+        job_worker.stop(timeout=5)
+    body = assert_problem(client.get(job["links"]["memory"]), 404)
+    assert "no memory estimates" in body["detail"]
+    assert client.get(job["links"]["trace"]).status_code == 200
+
+
+def _script(job_worker: JobWorker, job_id: str, options: dict) -> None:
+    """Replace a queued job's stored options: the scripted engine reads its script from them."""
+    from worker.jobs.db import write_transaction
+    from worker.jobs.store import jobs_table
+
+    with write_transaction(job_worker.store.engine) as conn:
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id).values(options=options))
 
 
 def test_results_of_an_unfinished_job_are_409(client):
@@ -191,14 +215,9 @@ def test_delete_removes_the_job_and_its_files(client, settings):
 
 
 def test_a_running_job_cannot_be_deleted_but_can_be_canceled(client, settings):
-    from worker.jobs.db import write_transaction
-    from worker.jobs.store import jobs_table
-
     job = post_model(client).json()
     job_worker = JobWorker(settings.job_config)
-    with write_transaction(job_worker.store.engine) as conn:  # the scripted engine reads its script from here
-        conn.execute(jobs_table.update().where(jobs_table.c.id == job["id"])
-                     .values(options={"passes": 1, "pass_seconds": 30}))
+    _script(job_worker, job["id"], {"passes": 1, "pass_seconds": 30})
     job_worker.start()
     try:
         deadline = time.monotonic() + 10

@@ -78,11 +78,8 @@ def test_a_corpus_model_is_optimized_downloaded_and_runs_like_its_input(server, 
     assert job["summary"]["passes_run"] == sum(1 for entry in run if not entry["skipped"])
 
     memory = server.client.get(job["links"]["memory"])
-    if "memory" in report:
-        assert memory.status_code == 200 and memory.json() == report["memory"]
-    else:  # the engine has no memory planning pass yet: the endpoint says so
-        assert "memory" not in {p["kind"] for p in passes.values()}
-        assert_problem(memory, 404)
+    assert memory.status_code == 200 and memory.json() == report["memory"]
+    assert job["summary"]["arena_bytes"] == sum(a["arena_bytes"] for a in memory.json()["arenas"]) > 0
 
 
 def test_passes_lists_the_registry_with_positions(passes):

@@ -1,7 +1,7 @@
 """The few figures of an engine report worth keeping in the job row (the full report stays on disk)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 
 def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -14,7 +14,7 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
     outputs = (verification or {}).get("outputs") or []
     diffs = [o.get("max_abs_diff") for o in outputs if isinstance(o, Mapping)]
     diffs = [d for d in diffs if isinstance(d, (int, float))]
-    memory = report.get("memory") or {}
+    memory = report.get("memory") if isinstance(report.get("memory"), Mapping) else {}
     return {
         "nodes_before": before.get("nodes"),
         "nodes_after": after.get("nodes"),
@@ -25,14 +25,21 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
         "places": report.get("places"),
         "verified": verification.get("passed") if verification else None,
         "max_abs_diff": max(diffs) if diffs else None,
-        "peak_bytes": _first_number(memory, ("peak_bytes", "planned_bytes", "arena_bytes")),
+        **_memory_figures(memory),
         "seconds": report.get("seconds"),
     }
 
 
-def _first_number(data: Mapping[str, Any], keys: tuple[str, ...]) -> int | float | None:
-    for key in keys:
-        value = data.get(key) if isinstance(data, Mapping) else None
-        if isinstance(value, (int, float)):
-            return value
-    return None
+def _memory_figures(memory: Mapping[str, Any]) -> dict[str, Any]:
+    """Planned activation bytes and weight bytes over all memory spaces, and total MACs."""
+    arenas = [a for a in memory.get("arenas") or [] if isinstance(a, Mapping)]
+    weights, macs = memory.get("weights_bytes"), memory.get("macs")
+    return {"arena_bytes": _total(a.get("arena_bytes") for a in arenas),
+            "weights_bytes": _total(weights.values()) if isinstance(weights, Mapping) else None,
+            "macs": macs.get("total") if isinstance(macs, Mapping) else None}
+
+
+def _total(values: Iterable[Any]) -> int | None:
+    """The sum of the numbers (over memory spaces), None when there are none."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return sum(numbers) if numbers else None
