@@ -62,9 +62,16 @@ def _settings(args: argparse.Namespace):
     for key, value in overrides.items():
         if value is not None:
             os.environ[key] = str(value)
+    from pydantic import ValidationError
+
     from app.settings import Settings
 
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as error:
+        problems = "; ".join(f"{'MIRSERVE_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}{e['msg']}"
+                             for e in error.errors())
+        raise SystemExit(f"mirserve: error: invalid settings: {problems}") from None
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return settings
 
