@@ -75,7 +75,8 @@ def _options_object(text: str | None) -> dict[str, Any]:
     return value
 
 
-def submit(services: Services, upload: Upload, options: dict[str, Any], idempotency_key: str | None) -> tuple[Job, bool]:
+def submit(services: Services, upload: Upload, options: dict[str, Any],
+           idempotency_key: str | None) -> tuple[Job, bool]:
     """Store the upload as a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);

@@ -15,11 +15,13 @@ from worker.jobs.store import JobState
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 RETRY_AFTER_SECONDS = "2"
 ONNX_MEDIA_TYPE = "application/octet-stream"
+MAX_OFFSET = 1_000_000_000  # keeps OFFSET within the databases' 64-bit integers
 
 
 @router.get("", response_model=JobPage, responses=problem_responses(422))
 def list_jobs(services: ServicesDep, status: JobStatus | None = None,
-              limit: Annotated[int, Query(ge=1, le=100)] = 20, offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0):
+              limit: Annotated[int, Query(ge=1, le=100)] = 20,
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0):
     """Jobs, newest first, optionally only those with one status."""
     found, total = services.store.list(state=JobState(status) if status else None, limit=limit, offset=offset)
     next_offset = offset + len(found) if offset + len(found) < total else None
