@@ -51,7 +51,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=default_model())
     parser.add_argument("--places", default="arm/fp16/nhwc,arm/fp32/nchw")
     parser.add_argument("--options", default='{"input_shapes": {"x": [1, 3, 48, 192]}}')
-    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between one client's polls")
+    parser.add_argument("--poll-interval", type=float, default=2.0,
+                        help="seconds between one client's polls (default: the server's Retry-After, 2)")
     parser.add_argument("--database-url", help="job table URL (default: SQLite in the data directory)")
     parser.add_argument("--redis-url", help="use RedisHuey on this server (default: SqliteHuey)")
     parser.add_argument("--p99-goal-ms", type=float, default=50.0)
@@ -173,6 +174,7 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     processes = start_processes(args, data_dir / "data", port, data_dir)
+    load_before = os.getloadavg()[0]
     try:
         wait_ready(base, args.workers)
         jobs, polls, submits, seconds = asyncio.run(burst(args, base))
@@ -198,6 +200,8 @@ def main() -> int:
                        "p95": round(percentile(polls, 95) * 1000, 1), "p99": round(p99_ms, 1),
                        "max": round(max(polls) * 1000, 1)},
         "get_job_server_p99": server_bound,
+        "poll_interval_seconds": args.poll_interval,
+        "machine_load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "all_succeeded_once": not problems,
     }
     print(json.dumps(figures, indent=2))
