@@ -7,8 +7,11 @@ polls ``GET /jobs/{id}``; prints the latency of those polls and checks that no j
 
 It starts ``mirserve api`` and ``--workers`` × ``mirserve worker`` (one job at a time each) on a temporary data
 directory, submits ``--jobs`` copies of the model concurrently, and has one client per job poll its job every
-``--poll-interval`` seconds until it finishes. Latency is measured by the clients (wall time of each request)
-and cross-checked with the server's own histogram from ``/metrics``. Exit status 1 if a check fails.
+``--poll-interval`` seconds (default 2, the Retry-After the server advertises), each from its own random
+offset, as independent clients would, until it finishes. Latency is measured by the clients (wall time of
+each request, so it includes the clients' own scheduling on this machine) and cross-checked with the server's
+histogram from ``/metrics``. Exit status 1 if a check fails (a job lost, failed or run twice, or the p99 goal
+missed).
 """
 from __future__ import annotations
 

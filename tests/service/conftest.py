@@ -36,7 +36,7 @@ def postgres_url():
     import sqlalchemy
 
     schema = f"mirserve_test_{secrets.token_hex(4)}"
-    admin = sqlalchemy.create_engine(POSTGRES_URL)
+    admin = sqlalchemy.create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
     try:
         with admin.begin() as conn:
             conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
