@@ -22,6 +22,8 @@ from worker.jobs.files import JobFiles
 from worker.jobs.queue import JobQueue
 from worker.jobs.store import IdempotencyConflict, Job, JobState, JobStore, NewJob
 
+#: What the API advises clients to wait between polls of a job that has not finished.
+RETRY_AFTER_SECONDS = "2"
 #: Options the service decides itself, never the client.
 SERVER_OPTIONS = {"trusted_external_data": "the service never reads external data named by an upload"}
 

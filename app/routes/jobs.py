@@ -13,7 +13,6 @@ from app.schemas import JobOut, JobPage, JobStatus, TraceEntry
 from worker.jobs.store import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-RETRY_AFTER_SECONDS = "2"
 ONNX_MEDIA_TYPE = "application/octet-stream"
 MAX_OFFSET = 1_000_000_000  # keeps OFFSET within the databases' 64-bit integers
 
@@ -33,7 +32,7 @@ def list_jobs(services: ServicesDep, status: JobStatus | None = None,
 async def get_job(job: JobDep, response: Response):  # the job is loaded in the thread pool by JobDep
     """The job's status, progress (current pass, i of n), attempt, timestamps, error and summary."""
     if not job.state.is_terminal:
-        response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+        response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
     return jobs.job_out(job)
 
 

@@ -13,7 +13,6 @@ from app.schemas import JobOut
 from app.uploads import receive_upload
 
 router = APIRouter(tags=["jobs"])
-RETRY_AFTER_SECONDS = "2"
 
 FORM_SCHEMA = {
     "required": True,
@@ -52,5 +51,5 @@ async def optimize(request: Request, response: Response, services: ServicesDep,
     finally:
         upload.discard()  # a no-op once the job adopted the file
     response.headers["Location"] = f"/jobs/{job.id}"
-    response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+    response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
     return jobs.job_out(job)
