@@ -7,6 +7,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,8 @@ class EngineProcess:
 
     def read_progress(self, timeout: float) -> list[tuple[int, int, str]]:
         """Progress reports that arrived within ``timeout`` seconds (an empty list if none did)."""
-        if self._eof:
+        if self._eof:  # nothing more will come; wait as select would have, rather than spin
+            time.sleep(timeout)
             return []
         reports = []
         for _key, _mask in self._selector.select(timeout):
