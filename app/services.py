@@ -191,19 +191,23 @@ def _require_succeeded(job: Job, what: str) -> None:
 
 
 def readiness(services: Services) -> dict[str, dict[str, Any]]:
-    checks = {}
-    checks["database"] = _check(services.store.ping, "the job table answers")
-    checks["storage"] = _check(lambda: _probe_storage(services.files.root), "the data directory is writable")
-    checks["queue"] = _check(services.queue.ping, f"the {services.queue.backend} queue answers")
-    workers = []
-    checks["worker"] = _check(lambda: workers.extend(services.store.live_workers(services.settings.lease_seconds)),
-                              "")
-    if checks["worker"]["ok"]:
-        ok = bool(workers)
-        detail = (f"{len(workers)} worker(s) sent a heartbeat in the last {services.settings.lease_seconds:g} s"
-                  if ok else f"no worker sent a heartbeat in the last {services.settings.lease_seconds:g} s")
-        checks["worker"] = {"ok": ok, "detail": detail}
-    return checks
+    return {
+        "database": _check(services.store.ping, "the job table answers"),
+        "storage": _check(lambda: _probe_storage(services.files.root), "the data directory is writable"),
+        "queue": _check(services.queue.ping, f"the {services.queue.backend} queue answers"),
+        "worker": _worker_check(services),
+    }
+
+
+def _worker_check(services: Services) -> dict[str, Any]:
+    window = services.settings.lease_seconds
+    try:
+        workers = services.store.live_workers(window)
+    except Exception as error:  # noqa: BLE001 - the database check says more
+        return {"ok": False, "detail": f"cannot read worker heartbeats ({type(error).__name__})"}
+    if not workers:
+        return {"ok": False, "detail": f"no worker sent a heartbeat in the last {window:g} s"}
+    return {"ok": True, "detail": f"{len(workers)} worker(s) sent a heartbeat in the last {window:g} s"}
 
 
 def _check(probe, ok_detail: str) -> dict[str, Any]:
