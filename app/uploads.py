@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import AsyncIterator, BinaryIO
 
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+from starlette.requests import ClientDisconnect
 
 from app.problems import ProblemError
 
@@ -132,8 +133,12 @@ async def receive_upload(content_type: str | None, content_length: str | None, b
         with open(path, "wb") as target:
             receiver = _FormReceiver(target, max_bytes)
             parser = MultipartParser(boundary, receiver.callbacks())
-            async for chunk in body:
-                _feed(parser, chunk)
+            try:
+                async for chunk in body:
+                    _feed(parser, chunk)
+            except ClientDisconnect:
+                raise ProblemError(400, "upload-interrupted", "the client went away before the upload was "
+                                   "complete; nothing was kept") from None
             if parser.state not in (MultipartState.END, MultipartState.BOUNDARY_PADDING):
                 raise ProblemError(400, "malformed-body", "the multipart body ended before its closing boundary")
         if receiver.filename is None:

@@ -98,3 +98,16 @@ def test_malformed_forms_are_refused_naming_the_problem(tmp_path, body, content_
 ])
 def test_client_file_names_are_reduced_to_safe_base_names(given, expected):
     assert clean_filename(given) == expected
+
+
+def test_a_client_that_goes_away_mid_upload_leaves_nothing(tmp_path):
+    from starlette.requests import ClientDisconnect
+
+    async def body():
+        yield multipart(("model", b"\0" * 100_000, "m.onnx"))[:50_000]
+        raise ClientDisconnect()
+
+    with pytest.raises(ProblemError) as raised:
+        asyncio.run(receive_upload(CONTENT_TYPE, None, body(), tmp_path / "uploads", 1 << 20))
+    assert raised.value.status == 400 and raised.value.slug == "upload-interrupted"
+    assert list((tmp_path / "uploads").glob("*")) == []
