@@ -7,6 +7,7 @@ engine (so that readiness holds and accepted jobs really run).
 """
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.service.conftest import FAKE_ENGINE
 from worker.jobs.consumer import JobWorker
 
 DATA_DIR = Path(tempfile.mkdtemp(prefix="mirserve-schemathesis-"))
+atexit.register(shutil.rmtree, DATA_DIR, True)  # also when these tests are collected but not run
 SETTINGS = Settings(data_dir=DATA_DIR, max_upload_mb=0.25, engine=FAKE_ENGINE, job_memory_mb=1024)
 APP = create_app(SETTINGS)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
@@ -34,7 +36,6 @@ def _worker():
     yield
     worker.stop(timeout=5)
     APP.state.services.close()
-    shutil.rmtree(DATA_DIR, ignore_errors=True)
 
 
 @schema.parametrize()
