@@ -94,7 +94,8 @@ class Metrics:
 
 
 class MetricsMiddleware:
-    """Counts and times every request by its route template (never the raw path: unbounded label values)."""
+    """Counts and times every request by its route template (never the raw path: unbounded label values),
+    and tells the client how long the server took in a ``Server-Timing: app;dur=<ms>`` header."""
 
     def __init__(self, app, metrics: Metrics):
         self.app = app
@@ -109,6 +110,9 @@ class MetricsMiddleware:
         async def send_wrapper(message):
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                took = (time.perf_counter() - started) * 1000
+                message = {**message, "headers": [*message.get("headers", []),
+                                                   (b"server-timing", f"app;dur={took:.2f}".encode())]}
             await send(message)
 
         try:

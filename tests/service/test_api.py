@@ -256,7 +256,10 @@ def test_readiness_needs_a_worker_heartbeat(client, settings):
 
 
 def test_liveness_answers_without_dependencies(client):
-    assert client.get("/healthz").json()["status"] == "ok"
+    response = client.get("/healthz")
+    assert response.json()["status"] == "ok"
+    name, duration = response.headers["server-timing"].split(";dur=")
+    assert name == "app" and 0 < float(duration) < 10_000
 
 
 def test_metrics_are_prometheus_text_with_jobs_requests_and_latency(client):

@@ -14,6 +14,7 @@ from typing import Callable
 from huey import Huey, RedisHuey, SqliteHuey
 from huey.registry import Message
 from huey.serializer import Serializer
+from huey.storage import SqliteStorage
 
 from worker.jobs.config import JobConfig
 
@@ -32,12 +33,23 @@ class JsonMessageSerializer(Serializer):
         return Message(**fields)
 
 
+class WalSqliteStorage(SqliteStorage):
+    """huey's SQLite storage with ``synchronous=NORMAL``: in WAL mode a commit then needs no fsync (2.5 ms
+    each here), and power loss can only drop the newest messages, which the reaper sends again."""
+
+    def _create_connection(self):
+        conn = super()._create_connection()
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+
 def build_huey(config: JobConfig) -> Huey:
     common = dict(name=config.queue_name, results=False, utc=True, serializer=JsonMessageSerializer())
     if config.redis_url:
         return RedisHuey(url=config.redis_url, blocking=True, read_timeout=1, **common)
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-    return SqliteHuey(filename=str(Path(config.data_dir) / "queue.db"), timeout=10, **common)
+    return SqliteHuey(filename=str(Path(config.data_dir) / "queue.db"), timeout=10, storage_class=WalSqliteStorage,
+                      **common)
 
 
 class JobQueue:
