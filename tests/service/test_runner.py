@@ -209,9 +209,12 @@ def test_leftover_uploads_and_orphan_job_dirs_are_swept(make_worker):
     orphan = worker.files.jobs / "orphan-job"
     upload.write_bytes(b"half an upload")
     orphan.mkdir()
+    fresh = worker.files.uploads / "arriving.part"  # an upload in progress right now
+    fresh.write_bytes(b"the first bytes")
     for path in (upload, orphan):
         os.utime(path, (time.time() - 7200, time.time() - 7200))
-    wait_for(lambda: not upload.exists() and not orphan.exists(), 10, "the leftovers to be swept")
+    assert worker.reaper.run_once(sweep=True).leftovers == 2
+    assert not upload.exists() and not orphan.exists() and fresh.exists()
 
 
 def _expire_lease(store: JobStore, job_id: str) -> None:

@@ -24,6 +24,8 @@ from worker.jobs.store import JobState, JobStore
 log = logging.getLogger("mirserve.reaper")
 
 LEFTOVER_AGE_SECONDS = 3600.0
+#: Sweeping lists every job directory, so it runs far less often than the cheap indexed steps.
+SWEEP_EVERY_SECONDS = 300.0
 WORKER_FORGET_AFTER = timedelta(days=1)
 
 
@@ -43,8 +45,10 @@ class Reaper:
         self.files = files
         self.queue = queue
         self.config = config
+        self._last_sweep = float("-inf")
 
-    def run_once(self) -> ReapReport:
+    def run_once(self, *, sweep: bool | None = None) -> ReapReport:
+        """One round; ``sweep`` forces (True) or skips (False) the leftovers sweep, None runs it when due."""
         report = ReapReport()
         self._reap_leases(report)
         for job_id in self.store.touch_stale_queued(self.config.requeue_after_seconds):
@@ -52,7 +56,9 @@ class Reaper:
             report.resent.append(job_id)
         if self.config.retention_hours > 0:
             self._purge_old(report)
-        report.leftovers = self._sweep_leftovers()
+        if sweep or (sweep is None and time.monotonic() - self._last_sweep >= SWEEP_EVERY_SECONDS):
+            self._last_sweep = time.monotonic()
+            report.leftovers = self._sweep_leftovers()
         self.store.forget_workers_before(self.store.clock() - WORKER_FORGET_AFTER)
         return report
 
