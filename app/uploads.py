@@ -13,7 +13,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, BinaryIO
+from typing import AsyncIterator, BinaryIO, Callable
 
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect
@@ -25,6 +25,8 @@ TEXT_FIELDS = ("places", "options")
 MAX_TEXT_FIELD_BYTES = 64 * 1024
 #: Room for the multipart framing and the text fields when judging a declared Content-Length.
 FORM_OVERHEAD_BYTES = len(TEXT_FIELDS) * MAX_TEXT_FIELD_BYTES + 64 * 1024
+#: Raises (a ProblemError) when the text fields received so far are already invalid.
+FieldCheck = Callable[[dict[str, str]], None]
 
 
 @dataclass
@@ -52,9 +54,10 @@ class _Part:
 class _FormReceiver:
     """The parser callbacks: text fields kept in memory (bounded), the model part written to ``target``."""
 
-    def __init__(self, target: BinaryIO, max_bytes: int):
+    def __init__(self, target: BinaryIO, max_bytes: int, check_fields: FieldCheck | None = None):
         self.target = target
         self.max_bytes = max_bytes
+        self.check_fields = check_fields
         self.digest = hashlib.sha256()
         self.size = 0
         self.filename: str | None = None
@@ -91,6 +94,8 @@ class _FormReceiver:
         if name == FILE_FIELD:
             raw = params.get(b"filename", b"model.onnx").decode("utf-8", "replace")
             self.filename = clean_filename(raw)
+            if self.check_fields is not None:  # refuse bad places/options before receiving the model
+                self.check_fields(dict(self.fields))
 
     def _data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -122,8 +127,12 @@ def upload_too_large(max_bytes: int) -> ProblemError:
 
 
 async def receive_upload(content_type: str | None, content_length: str | None, body: AsyncIterator[bytes],
-                         uploads_dir: Path, max_bytes: int) -> Upload:
-    """Stream a multipart body into ``uploads_dir``; on any error the partial file is removed."""
+                         uploads_dir: Path, max_bytes: int, check_fields: FieldCheck | None = None) -> Upload:
+    """Stream a multipart body into ``uploads_dir``; on any error the partial file is removed.
+
+    ``check_fields`` sees the text fields that came before the model part, when it starts: a client that sends
+    places and options first has a bad value refused before the model is uploaded.
+    """
     boundary = _boundary(content_type)
     if content_length and content_length.isdigit() and int(content_length) > max_bytes + FORM_OVERHEAD_BYTES:
         raise upload_too_large(max_bytes)
@@ -131,7 +140,7 @@ async def receive_upload(content_type: str | None, content_length: str | None, b
     path = uploads_dir / f"{secrets.token_hex(16)}.part"
     try:
         with open(path, "wb") as target:
-            receiver = _FormReceiver(target, max_bytes)
+            receiver = _FormReceiver(target, max_bytes, check_fields)
             parser = MultipartParser(boundary, receiver.callbacks())
             try:
                 async for chunk in body:

@@ -43,7 +43,9 @@ async def optimize(request: Request, response: Response, services: ServicesDep,
     """Upload a model with its places and options; the job is validated, stored and queued."""
     settings = services.settings
     upload = await receive_upload(request.headers.get("content-type"), request.headers.get("content-length"),
-                                  request.stream(), services.files.uploads, settings.max_upload_bytes)
+                                  request.stream(), services.files.uploads, settings.max_upload_bytes,
+                                  check_fields=lambda fields: jobs.parse_options(fields.get("places"),
+                                                                                 fields.get("options")))
     try:
         options = await run_in_threadpool(jobs.parse_options, upload.fields.get("places"),
                                           upload.fields.get("options"))

@@ -111,3 +111,18 @@ def test_a_client_that_goes_away_mid_upload_leaves_nothing(tmp_path):
         asyncio.run(receive_upload(CONTENT_TYPE, None, body(), tmp_path / "uploads", 1 << 20))
     assert raised.value.status == 400 and raised.value.slug == "upload-interrupted"
     assert list((tmp_path / "uploads").glob("*")) == []
+
+
+def test_bad_fields_sent_before_the_model_are_refused_before_the_model_is_read(tmp_path):
+    def check(fields):
+        if fields.get("places") == "tpu":
+            raise ProblemError(422, "invalid-option", "bad target 'tpu'", field="places")
+
+    body = Body(multipart(("places", b"tpu", None), ("model", b"\0" * (4 << 20), "m.onnx")))
+    with pytest.raises(ProblemError) as raised:
+        asyncio.run(receive_upload(CONTENT_TYPE, None, body.__aiter__(), tmp_path / "uploads", 8 << 20, check))
+    assert raised.value.field == "places" and body.read == 1
+    assert list((tmp_path / "uploads").glob("*")) == []
+    good = Body(multipart(("places", b"x86", None), ("model", b"\1" * 1000, "m.onnx")))
+    upload = asyncio.run(receive_upload(CONTENT_TYPE, None, good.__aiter__(), tmp_path / "uploads", 8 << 20, check))
+    assert upload.bytes == 1000
