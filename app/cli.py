@@ -77,11 +77,14 @@ def _settings(args: argparse.Namespace):
 
 
 def run_api(args: argparse.Namespace) -> int:
+    return _serve_api(_settings(args))
+
+
+def _serve_api(settings) -> int:
     import uvicorn
 
     from app.main import create_app
 
-    settings = _settings(args)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.log_level == "debug")
     return 0
@@ -98,11 +101,11 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = _settings(args)  # bad settings stop here, before anything starts
     supervisor = WorkerSupervisor([sys.executable, "-m", "app.cli", "worker", "--parent-pid", str(os.getpid())])
     supervisor.start()
     try:
-        return run_api(args)
+        return _serve_api(settings)
     finally:
         supervisor.stop()
 
