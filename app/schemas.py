@@ -110,13 +110,27 @@ class PassInfo(BaseModel):
     position: int | None
 
 
+class KernelInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    op: str = Field(description="the op, domain-qualified outside the default domain")
+    since: int | None = Field(None, description="first opset version the kernel covers")
+    until: int | None = Field(None, description="last opset version it covers (none: still current)")
+    precision: str
+    layout: str
+
+
 class TargetInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    memory_space: str | None = None
+    memory_space: str
     description: str | None = None
     origin: str | None = None
+    source: str | None = Field(None, description="where the target's kernel table comes from")
+    kernel_count: int
+    kernels: list[KernelInfo] | None = Field(None, description="omitted with kernels=false")
 
 
 class Check(BaseModel):

@@ -1,4 +1,4 @@
-"""``/passes`` and ``/targets``: what the engine can do, from the same registry and tables as the CLI."""
+"""``/passes`` and ``/targets``: what the engine can do, from the same registry and kernel tables as the CLI."""
 from __future__ import annotations
 
 from fastapi import APIRouter
@@ -17,14 +17,15 @@ def list_passes():
     return list_passes()
 
 
-@router.get("/targets", response_model=list[TargetInfo], responses=problem_responses())
-def list_targets():
-    """Every target a place may name, with its kernel tables when the engine provides them."""
-    import worker.api
+@router.get("/targets", response_model=list[TargetInfo], responses=problem_responses(422))
+def list_targets(kernels: bool = True):
+    """Every target a place may name: its memory space, the source of its kernel table and (unless
+    ``kernels=false``) its kernels: op, opset range, precision, layout."""
+    from worker.api import list_targets
 
-    if hasattr(worker.api, "list_targets"):
-        return worker.api.list_targets()
-    from worker.places import all_targets  # until the engine exposes list_targets()
-
-    return [{"name": t.name, "memory_space": t.memory_space, "description": t.description, "origin": t.origin}
-            for t in all_targets()]
+    targets = list_targets()
+    for target in targets:
+        target["kernel_count"] = len(target.get("kernels") or [])
+        if not kernels:
+            target["kernels"] = None
+    return targets

@@ -280,12 +280,17 @@ def test_metrics_are_prometheus_text_with_jobs_requests_and_latency(client):
 
 
 def test_passes_and_targets_come_from_the_engine(client):
-    from worker.api import list_passes
-    from worker.places import all_targets
+    from worker.api import list_passes, list_targets
 
     assert [p["name"] for p in client.get("/passes").json()] == [p["name"] for p in list_passes()]
-    names = [t["name"] for t in client.get("/targets").json()]
-    assert set(t.name for t in all_targets()) <= set(names)
+    expected = {t["name"]: t for t in list_targets()}
+    targets = {t["name"]: t for t in client.get("/targets").json()}
+    assert targets.keys() == expected.keys() and {"host", "x86", "arm"} <= targets.keys()
+    for name, target in targets.items():
+        assert target["kernel_count"] == len(expected[name]["kernels"]) == len(target["kernels"])
+        assert [k["id"] for k in target["kernels"]] == [k["id"] for k in expected[name]["kernels"]]
+    brief = {t["name"]: t for t in client.get("/targets", params={"kernels": "false"}).json()}
+    assert brief["x86"]["kernels"] is None and brief["x86"]["kernel_count"] == targets["x86"]["kernel_count"] > 0
 
 
 def test_the_committed_openapi_document_is_what_the_app_serves(client):
