@@ -77,10 +77,13 @@ DEFAULT = Pipeline(
     description="type inference, graph rewrites, kernel pick per place, casts, memory plan",
     steps=(
         "type_inference",
+        "filter_pre",  # plugin filters of priority 0-199 (worker/plugins/filters.py has the bands)
         *SUPPORT,
-        FixedPoint("simplify", SIMPLIFY, max_iterations=8),
+        FixedPoint("simplify", SIMPLIFY + ("filter_simplify",), max_iterations=8),
         *DOMAIN_FUSE,
+        "filter_domain",
         *PLACE,
+        "filter_post",
         *MEMORY,
     ),
 )
