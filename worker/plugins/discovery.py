@@ -37,6 +37,8 @@ class Source:
     found_by: str  # MIRSERVE_PLUGIN_PATH, entry point, --plugin
     key: str  # identity, so the same plugin found twice loads once
     load: Callable[[], None]
+    #: Modules (with their submodules) that are this plugin, forgotten when it is unloaded or fails.
+    modules: tuple[str, ...] = ()
     #: A reason the source cannot even be tried (a missing file), reported as its load error.
     problem: str | None = None
 
@@ -68,13 +70,18 @@ def file_source(path: Path, found_by: str) -> Source:
     elif path.suffix != ".py" or not path.is_file():
         problem = f"{path}: not a Python file (a plugin is a .py file, or a directory of them)"
     return Source(origin=str(path), found_by=found_by, key=f"file:{path}", load=lambda: import_file(path),
-                  problem=problem)
+                  modules=(module_name_of(path),), problem=problem)
+
+
+def module_name_of(path: Path) -> str:
+    """A module name of its own for a plugin file (two plugin.py files in two directories do not collide)."""
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    return f"mirserve_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{digest}"
 
 
 def import_file(path: Path) -> types.ModuleType:
     """Execute a plugin file as a module of its own (registered in sys.modules while it runs)."""
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    module_name = f"mirserve_plugin_{re.sub(r'[^0-9a-zA-Z_]', '_', path.stem)}_{digest}"
+    module_name = module_name_of(path)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path} as a Python module")
@@ -98,7 +105,7 @@ def entry_point_sources() -> Iterator[Source]:
             continue
         seen.add(key)
         yield Source(origin=f"{package}, entry point {entry.name}", found_by="entry point", key=key,
-                     load=_entry_point_loader(entry))
+                     load=_entry_point_loader(entry), modules=(entry.module,))
 
 
 def _entry_point_loader(entry: importlib.metadata.EntryPoint) -> Callable[[], None]:

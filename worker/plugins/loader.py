@@ -9,6 +9,7 @@ go on without it, the listings show the error, and a run that asks for one of it
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 import threading
 import traceback
@@ -32,6 +33,7 @@ class PluginRecord:
     error: str | None = None
     #: kind ("passes", "filters", "pipelines", "targets", "ops") -> names this plugin registered (or tried to).
     provides: dict[str, list[str]] = field(default_factory=dict)
+    modules: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -71,6 +73,16 @@ def _remove(kind: str, name: str) -> None:
         table.pop(name, None)
 
 
+def _forget(provides: dict[str, list[str]], modules: Iterable[str]) -> None:
+    """Remove what a plugin registered, and its modules, so that loading it again runs it again."""
+    for kind, names in provides.items():
+        for name in names:
+            _remove(kind, name)
+    for module in modules:
+        for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+            del sys.modules[name]
+
+
 class Plugins:
     """The process's plugin table: what was loaded from where, and what failed with which error."""
 
@@ -105,7 +117,7 @@ class Plugins:
             if source.key in self._keys:
                 return None
             self._keys.add(source.key)
-            record = PluginRecord(source.origin, source.found_by, "loaded")
+            record = PluginRecord(source.origin, source.found_by, "loaded", modules=source.modules)
             if source.problem is not None:
                 record.status, record.error = "failed", source.problem
             else:
@@ -127,9 +139,7 @@ class Plugins:
         if error is None:
             error = _unattributed(new, after, source.origin)
         if error is not None:
-            for kind, names in new.items():
-                for name in names:
-                    _remove(kind, name)
+            _forget(new, source.modules)
             record.status, record.error = "failed", error
 
     def unload_all(self) -> None:
@@ -137,9 +147,7 @@ class Plugins:
         with self._lock:
             for record in reversed(self.records):
                 if not record.failed:
-                    for kind, names in record.provides.items():
-                        for name in names:
-                            _remove(kind, name)
+                    _forget(record.provides, record.modules)
             self.records.clear()
             self._keys.clear()
             self._environment_loaded = False

@@ -14,7 +14,7 @@ from worker.passes.base import PassInfo, PassKind
 from worker.passes.pipelines import Pipeline, Step, get_pipeline, register_pipeline as _add_pipeline
 from worker.passes.registry import REGISTRY
 from worker.plugins.filters import (FILTERS, LAYER_FIRST, LAYER_LAST, PRIORITY_SIMPLIFY, Callback, CallbackFunction,
-                                    Filter, FilterFunction, band_of)
+                                    Filter, FilterFunction, FilterRegistry, band_of)
 
 if TYPE_CHECKING:
     from worker.options import OptimizeOptions
@@ -49,13 +49,14 @@ def _info(name: str, description: str, kind: PassKind, level: int, targets: Iter
 
 def register_filter(op_type: str, *, description: str, priority: int = PRIORITY_SIMPLIFY, domain: str = "",
                     name: str | None = None, level: int = 1, targets: Iterable[str] | None = None,
-                    excluded_targets: Iterable[str] = (), kernels: Iterable = (), portable: bool = True):
+                    excluded_targets: Iterable[str] = (), kernels: Iterable = (), portable: bool = True,
+                    registry: FilterRegistry | None = None):
     """Decorator binding ``fn(ctx, node)`` to nodes of ``op_type`` (or LAYER_FIRST / LAYER_LAST: every node).
 
     ``fn`` returns something truthy when it changed the graph (a dict is also kept as the trace detail, e.g.
     ``{"from": [...], "to": [...]}``). ``priority`` picks the level and the stage (see ``filters.BANDS``);
     level, targets, kernels and portable skip the filter exactly as they skip a pass. The name defaults to the
-    function's name and shares the namespace of passes.
+    function's name and shares the namespace of passes. ``registry`` is for tests.
     """
     if not isinstance(op_type, str) or not op_type:
         raise ValueError(f"a filter binds an op type, LAYER_FIRST or LAYER_LAST, not {op_type!r}")
@@ -68,34 +69,37 @@ def register_filter(op_type: str, *, description: str, priority: int = PRIORITY_
     def decorate(fn: FilterFunction) -> FilterFunction:
         info = _info(name or fn.__name__, description, PassKind.PROGRAM, level, targets, excluded_targets,
                      kernels, portable)
-        FILTERS.add(Filter(info, op_type, domain, priority, fn), REGISTRY)
+        (FILTERS if registry is None else registry).add(Filter(info, op_type, domain, priority, fn), REGISTRY)
         return fn
 
     return decorate
 
 
-def _callback(when: str, name: str | None, description: str, level: int, targets, portable: bool):
+def _callback(when: str, name: str | None, description: str, level: int, targets, portable: bool,
+              registry: FilterRegistry | None):
     def decorate(fn: CallbackFunction) -> CallbackFunction:
         info = _info(name or fn.__name__, description, PassKind.PROGRAM, level, targets, (), (), portable)
-        FILTERS.add(Callback(info, when, fn), REGISTRY)
+        (FILTERS if registry is None else registry).add(Callback(info, when, fn), REGISTRY)
         return fn
 
     return decorate
 
 
 def register_pre_callback(*, description: str, name: str | None = None, level: int = 1,
-                          targets: Iterable[str] | None = None, portable: bool = True):
+                          targets: Iterable[str] | None = None, portable: bool = True,
+                          registry: FilterRegistry | None = None):
     """Decorator for ``fn(ctx)`` run on the whole graph before the first filter stage; truthy if it changed it.
 
     Level 1 by default, so that ``--opt-level 0`` stays analysis only; a read-only callback may say level=0.
     """
-    return _callback("pre", name, description, level, targets, portable)
+    return _callback("pre", name, description, level, targets, portable, registry)
 
 
 def register_post_callback(*, description: str, name: str | None = None, level: int = 1,
-                           targets: Iterable[str] | None = None, portable: bool = True):
+                           targets: Iterable[str] | None = None, portable: bool = True,
+                           registry: FilterRegistry | None = None):
     """Decorator for ``fn(ctx)`` run on the whole graph after the last filter stage (before memory planning)."""
-    return _callback("post", name, description, level, targets, portable)
+    return _callback("post", name, description, level, targets, portable, registry)
 
 
 def register_pipeline(*, name: str, description: str, steps: Sequence[Step]) -> Pipeline:
