@@ -98,3 +98,41 @@ def test_bad_input_shapes_are_refused(shapes, message):
     model = load_model(CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx")
     with pytest.raises(OptionsError, match=message):
         apply_input_shapes(model.graph, shapes)
+
+
+def loop_model(tmp_path, condition_from_body: bool):
+    """Loop(M=4, cond=True): acc += x, scanning acc; the body may pass its condition through or compute it."""
+    cond_node = (helper.make_node("Less", ["acc_sum", "limit"], ["cond_out"]) if condition_from_body
+                 else helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    nodes = [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+             helper.make_node("ReduceSum", ["acc_out"], ["acc_sum"], keepdims=0),
+             cond_node, helper.make_node("Identity", ["acc_out"], ["scan_out"])]
+    body = helper.make_graph(nodes, "body",
+                             [vinfo("i", TensorProto.INT64, []), vinfo("cond_in", TensorProto.BOOL, []),
+                              vinfo("acc_in", shape=[2, 3])],
+                             [vinfo("cond_out", TensorProto.BOOL, []), vinfo("acc_out", shape=[2, 3]),
+                              vinfo("scan_out", shape=[2, 3])])
+    graph = helper.make_graph([helper.make_node("Loop", ["M", "c", "init"], ["final", "scans"], body=body)], "g",
+                              [vinfo("x", shape=[2, 3]), vinfo("init", shape=[2, 3])],
+                              [vinfo("final", shape=None), vinfo("scans", shape=None)],  # declared without shapes
+                              [tensor("M", np.array(4, np.int64)), tensor("c", np.array(True)),
+                               tensor("limit", np.array(100.0, np.float32))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "loop.onnx"))
+    return load_model(tmp_path / "loop.onnx")
+
+
+def test_loop_carried_and_scan_outputs_get_shapes(tmp_path):
+    model = loop_model(tmp_path, condition_from_body=False)
+    entry = infer(model)
+    assert entry["untyped"] == []
+    assert [(v.name, v.shape) for v in model.graph.outputs] == [("final", (2, 3)), ("scans", (4, 2, 3))]
+
+
+def test_loop_stopped_by_its_body_keeps_an_unknown_scan_length(tmp_path):
+    model = loop_model(tmp_path, condition_from_body=True)
+    infer(model)
+    final, scans = model.graph.outputs
+    assert final.shape == (2, 3)  # the carried value keeps its shape however many iterations run
+    assert scans.shape is not None and not isinstance(scans.shape[0], int)

@@ -64,6 +64,7 @@ def type_inference(ctx: PassContext) -> PassResult:
         error = _infer_with_onnx(ctx.model, known)
         if error:
             result.data["onnx_inference_error"] = error
+        _infer_loop_outputs(ctx.model.graph, known)
         if not _propagate_values(ctx.model.graph, known, ctx.opset()):
             break
     result.data.update(_coverage(ctx.model.graph), rounds=rounds, evaluated_values=len(known))
@@ -145,6 +146,44 @@ def _merge_dim(old: Dim, new: Dim) -> Dim:
     if isinstance(new, str) and not new.startswith("unk__"):
         return new
     return old if old is not None else new
+
+
+def _infer_loop_outputs(graph: Graph, known: dict[str, np.ndarray]) -> None:
+    """Shapes onnx leaves out: a carried value whose body keeps its static shape keeps it after the loop,
+    and a scan output of a loop that only the trip count can stop is [trip count] + the body's shape."""
+    for body_graph in list(graph.all_graphs()):
+        for node in body_graph.nodes_of_type("Loop"):
+            body = node.attr("body")
+            carried = len(node.inputs) - 2
+            for i in range(min(carried, len(node.outputs))):
+                initial, inside = node.input(2 + i), body.outputs[1 + i]
+                if initial is not None and initial.is_static and inside.is_static \
+                        and initial.shape == inside.shape and initial.dtype == inside.dtype:
+                    _merge(node.outputs[i], initial.dtype, initial.shape, None)
+            trips = _trip_count(node, body, known)
+            for k, out in enumerate(node.outputs[carried:]):
+                inside = body.outputs[1 + carried + k]
+                if trips is not None and inside.is_static:
+                    _merge(out, inside.dtype, (trips, *inside.shape), None)
+
+
+def _trip_count(node, body: Graph, known: dict[str, np.ndarray]) -> int | None:
+    """The number of iterations when only the trip count ends the loop, else None."""
+    count = node.input(0)
+    if count is None:
+        return None
+    data = known.get(count.name)
+    data = count.constant_value() if data is None else data
+    if data is None:
+        return None
+    condition = node.input(1)
+    start_true = condition is None or (condition.constant_value() is not None
+                                       and bool(np.asarray(condition.constant_value()).reshape(-1)[0]))
+    body_cond = body.outputs[0]
+    passthrough = body_cond is body.inputs[1] or (
+        body_cond.producer is not None and body_cond.producer.op_type == "Identity"
+        and body_cond.producer.input(0) is body.inputs[1])
+    return int(np.asarray(data).reshape(-1)[0]) if start_true and passthrough else None
 
 
 def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
