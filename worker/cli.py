@@ -193,7 +193,7 @@ def _print_plugin_tables(everything: dict[str, Any]) -> None:
     for f in everything["filters"]:
         rows.append((str(f.get("priority", "-")), f["name"], f.get("binds") or f["kind"].replace("_", "-"),
                      f["stage"], str(f["level"]), f["origin"], f["description"]))
-    _print_table(rows) if len(rows) > 1 else print("none")
+    _print_table(rows, empty="none")
     print("\nPIPELINES")
     _print_table([("NAME", "ORIGIN", "DESCRIPTION")] +
                  [(p["name"], p["origin"], p["description"]) for p in everything["pipelines"]])
@@ -202,12 +202,14 @@ def _print_plugin_tables(everything: dict[str, Any]) -> None:
     for p in everything["plugins"]:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
         rows.append((p["status"], p["found_by"], p["origin"], p["error"] if p["error"] else provides))
-    _print_table(rows) if len(rows) > 1 else print("none (MIRSERVE_PLUGIN_PATH, mirserve.plugins entry points, "
-                                                   "--plugin FILE)")
+    _print_table(rows, empty="none (MIRSERVE_PLUGIN_PATH, mirserve.plugins entry points, --plugin FILE)")
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
-    """Columns padded to their widest cell; the last column is left ragged."""
+def _print_table(rows: list[tuple[str, ...]], empty: str = "") -> None:
+    """Columns padded to their widest cell; the last column is left ragged. Only ``empty`` without rows."""
+    if len(rows) == 1 and empty:
+        print(empty)
+        return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

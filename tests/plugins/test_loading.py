@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -219,9 +220,11 @@ def test_a_registration_that_bypasses_the_plugin_api_is_refused_and_removed(tmp_
 
 def test_plugin_given_with_the_cli_option_is_loaded_and_exported_to_child_processes(tmp_path, capsys):
     path = write_plugin(tmp_path, "cli_plugin.py", GOOD.format(name="cli"))
-    assert main(["passes", "--json", "--plugin", str(path)]) == 0
+    other = write_plugin(tmp_path, "other.py", GOOD.format(name="other"))
+    assert main(["--plugin", str(other), "passes", "--json", "--plugin", str(path)]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert {"origin": str(path), "found_by": "--plugin", "status": "loaded"}.items() <= listing["plugins"][0].items()
+    assert [(p["origin"], p["found_by"], p["status"]) for p in listing["plugins"]] == [
+        (str(other), "--plugin", "loaded"), (str(path), "--plugin", "loaded")]
     filters = {f["name"]: f for f in listing["filters"]}
     assert filters["cli_filter"] | {"description": ""} == {
         "name": "cli_filter", "kind": "filter", "description": "", "level": 1, "targets": None,
@@ -229,8 +232,7 @@ def test_plugin_given_with_the_cli_option_is_loaded_and_exported_to_child_proces
         "domain": "", "binds": "Relu", "priority": 120, "band": "PRE", "stage": "filter_pre"}
     assert {"name": "cli_pipeline", "origin": str(path), "description": "type inference and the counter",
             "passes": ["type_inference", "cli_pass"]} in listing["pipelines"]
-    import os
-    assert os.environ[FILES_VARIABLE] == str(path)
+    assert os.environ[FILES_VARIABLE] == f"{other}:{path}"
 
 
 def test_a_pipeline_builder_that_raises_or_names_an_unknown_pass_fails_the_run_naming_it(tmp_path, monkeypatch):
