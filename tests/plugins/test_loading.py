@@ -207,6 +207,19 @@ def test_a_clash_between_two_plugins_keeps_the_first_and_names_both(tmp_path, mo
     assert FILTERS.get("same_filter").info.origin == str(first)
 
 
+def test_a_pass_named_like_another_plugins_filter_is_refused(tmp_path, monkeypatch):
+    first = write_plugin(tmp_path, "a.py", GOOD.format(name="one"))
+    second = write_plugin(tmp_path, "b.py", """
+        from worker.plugins import register_pass
+        @register_pass(name="one_filter", kind="debug", description="d")
+        def f(ctx): pass
+        """)
+    records = load_path(monkeypatch, first, second)
+    assert records[1]["error"] == (f"ValueError: pass 'one_filter' from {second} clashes with the filter of the same "
+                                   f"name from {first}")
+    assert "one_filter" not in REGISTRY and FILTERS.get("one_filter").info.origin == str(first)
+
+
 def test_a_registration_that_bypasses_the_plugin_api_is_refused_and_removed(tmp_path, monkeypatch):
     path = write_plugin(tmp_path, "direct.py", """
         from worker.passes.pipelines import Pipeline, register_pipeline

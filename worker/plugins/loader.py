@@ -137,7 +137,7 @@ class Plugins:
         new = {kind: [n for n in names if n not in before[kind]] for kind, names in after.items()}
         record.provides = {kind: names for kind, names in new.items() if names}
         if error is None:
-            error = _unattributed(new, after, source.origin)
+            error = _unattributed(new, after, source.origin) or _pass_named_like_a_filter(new, before)
         if error is not None:
             _forget(new, source.modules)
             record.status, record.error = "failed", error
@@ -178,6 +178,15 @@ def _unattributed(new: dict[str, list[str]], after: dict[str, dict[str, str]], o
 
 
 _ENGINE = Path(worker.__file__).resolve().parent
+def _pass_named_like_a_filter(new: dict[str, list[str]], before: dict[str, dict[str, str]]) -> str | None:
+    """Passes and filters share one namespace; the pass registry itself does not know about filters."""
+    for name in new["passes"]:
+        if name in before["filters"]:
+            return (f"ValueError: pass {name!r} from {REGISTRY.get(name).info.origin} clashes with the filter of "
+                    f"the same name from {before['filters'][name]}")
+    return None
+
+
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 _SITE = {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}
 
