@@ -274,3 +274,27 @@ def test_a_filter_can_be_disabled_by_name_per_run(tmp_path, monkeypatch):
     load_path(monkeypatch, path)
     validate_options(OptimizeOptions(disabled_passes=("dis_filter", "filter_post")))
     assert "dis_filter" in [f["name"] for f in list_all()["filters"]]
+
+
+def test_filters_that_undo_each_other_fail_the_cli_run_with_their_names(tmp_path, monkeypatch, capsys):
+    path = write_plugin(tmp_path, "seesaw.py", """
+        from worker.plugins import PRIORITY_PRE, register_filter
+
+        def swap(new_op):
+            def run(ctx, node):
+                node.graph.add_node(new_op, [node.input(0)], [node.output()], before=node)
+                node.graph.remove_node(node)
+                return True
+            return run
+
+        register_filter("Relu", priority=PRIORITY_PRE, name="relu_to_abs", description="d")(swap("Abs"))
+        register_filter("Abs", priority=PRIORITY_PRE + 1, name="abs_to_relu", description="d")(swap("Relu"))
+        """)
+    monkeypatch.setenv("MIRSERVE_PLUGIN_PATH", str(path))
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(LIGHT / "light_squeezenet.onnx"), "-o", str(out), "--no-verify"]) == 1
+    assert capsys.readouterr().err == (
+        f"mirserve: error: filters 'relu_to_abs' (priority 100, Relu, from {path}) and 'abs_to_relu' (priority 101, "
+        f"Abs, from {path}) kept changing the graph: stage filter_pre restarted from its first level 50 times "
+        f"without settling, so they most likely undo each other's changes\n")
+    assert not out.exists()
