@@ -1,99 +1,80 @@
-"""Example mirserve plugin: a made-up ACME edge NPU, a hard-swish fusion, and a lean pipeline.
+"""Example mirserve plugin: a made-up ACME edge NPU, a residual-norm fusion, and a lean pipeline.
 
 Load it with ``MIRSERVE_PLUGIN_PATH=examples/plugins`` (or ``--plugin examples/plugins/acme_npu.py``). It adds:
 
-- the filter ``hardswish_clip_fuse``: models converted from PaddlePaddle (PP-OCR) write hard-swish as
-  ``x * Clip(x + 3, 0, 6) / 6``, four nodes plus four Constant nodes; the filter makes it one HardSwish node
-  (opset >= 14) or ``x * HardSigmoid(x, alpha=1/6, beta=0.5)`` below opset 14, where HardSwish does not exist.
-  It runs in the PRE band (priority 110), before the built-in rewrites, so they see the fused form;
+- the op ``mirserve.SkipLayerNormalization(input, skip, scale, bias)``: ``input + skip`` normalized by
+  LayerNormalization, the residual connection of every transformer block in one kernel (onnxruntime has it as
+  a contrib op that only onnxruntime runs; here its body is the two standard ops, so any runtime runs it);
+- the filter ``skip_layer_norm_fuse``, bound to LayerNormalization in the DOMAIN band (after the built-in
+  fusions, before kernel pick): ``LayerNormalization(Add(a, b))`` becomes that op when only the norm reads
+  the sum and the norm's Mean / InvStdDev outputs are unused. Opt level 2 and not portable, like the
+  built-in fusions into mirserve ops;
 - the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory;
 - the pipeline ``acme_lean``: the plugin's filters, kernel pick, casts and the memory plan, without the
   built-in graph rewrites; at ``--opt-level 0`` type inference only. Chosen per run with ``--pipeline``.
 """
 from __future__ import annotations
 
-from onnx import TensorProto
+import numpy as np
+from onnx import AttributeProto, TensorProto, helper
 
+from worker.domain import DOMAIN, ref
 from worker.passes.pipelines import MEMORY, PLACE
-from worker.plugins import PRIORITY_PRE, pipeline_builder, register_filter, register_target
+from worker.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, register_filter, register_op,
+                            register_target)
 
-FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE}
-HARDSWISH_SINCE = 14
-CLIP_BOUNDS_AS_INPUTS_SINCE = 11
+FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+SKIP_LAYER_NORMALIZATION = "SkipLayerNormalization"
 
 ACME = register_target("acme", description="ACME edge NPU: a made-up target of the example plugin")
 
 
-def _scalar(value) -> float | None:
-    """The value of a one-element constant, or None."""
-    data = None if value is None else value.constant_value()
-    return float(data.reshape(-1)[0]) if data is not None and data.size == 1 else None
+def _skip_layer_norm_body(opset: int) -> list:
+    """Add, then LayerNormalization (a standard op from opset 17, which the filter requires)."""
+    norm = helper.make_node("LayerNormalization", ["sum", "scale", "bias"], ["output"])
+    norm.attribute.extend([ref("axis", "axis", AttributeProto.INT),
+                           ref("epsilon", "epsilon", AttributeProto.FLOAT),
+                           ref("stash_type", "stash_type", AttributeProto.INT)])
+    return [helper.make_node("Add", ["input", "skip"], ["sum"]), norm]
 
 
-def _clip_bounds(clip, opset: int) -> tuple[float | None, float | None]:
-    if opset < CLIP_BOUNDS_AS_INPUTS_SINCE:
-        return clip.attr("min"), clip.attr("max")
-    return _scalar(clip.input(1)), _scalar(clip.input(2))
+register_op(DomainOp(SKIP_LAYER_NORMALIZATION, ("input", "skip", "scale", "bias"), ("output",),
+                     {"axis": None, "epsilon": None, "stash_type": None}, _skip_layer_norm_body,
+                     "input + skip, normalized by LayerNormalization (a transformer block's residual and norm)"))
 
 
-def _producer(value, op_type: str):
-    """The node producing ``value`` if it is an ``op_type`` whose output only this pattern reads."""
-    if value is None or value.producer is None or not value.producer.is_op(op_type):
+def _bias(graph, norm):
+    """The norm's bias, or zeros shaped like its scale (every input of a mirserve op is always passed)."""
+    if norm.input(2) is not None:
+        return norm.input(2)
+    scale = norm.input(1)
+    if not scale.is_static:
         return None
-    return value.producer if value.has_single_consumer() else None
+    dtype = helper.tensor_dtype_to_np_dtype(scale.dtype)
+    return graph.add_initializer(f"{norm.name}_zero_bias", np.zeros(scale.shape, dtype))
 
 
-def _match(div, opset: int):
-    """(x, [add, clip, mul]) when ``div`` ends x * Clip(x + 3, 0, 6) / 6, else None."""
-    mul = _producer(div.input(0), "Mul")
-    if mul is None or _scalar(div.input(1)) != 6.0:
-        return None
-    for slot in (0, 1):
-        clip, x = _producer(mul.input(slot), "Clip"), mul.input(1 - slot)
-        add = clip and _producer(clip.input(0), "Add")
-        if add is None or _clip_bounds(clip, opset) != (0.0, 6.0):
-            continue
-        for add_slot in (0, 1):
-            if add.input(add_slot) is x and _scalar(add.input(1 - add_slot)) == 3.0:
-                return x, [add, clip, mul]
-    return None
-
-
-def _drop_unused_constants(values) -> None:
-    """Constants only the fused nodes read (3, 0, 6, 6) are dead now: remove them with the pattern."""
-    for value in dict.fromkeys(v for v in values if v is not None):
-        if value.is_used:
-            continue
-        if value.producer is not None and value.producer.is_op("Constant"):
-            value.producer.graph.remove_node(value.producer)
-        elif value.is_constant:
-            value.graph.remove_initializer(value)
-
-
-@register_filter("Div", priority=PRIORITY_PRE + 10,
-                 description="x * Clip(x + 3, 0, 6) / 6 -> HardSwish(x), or x * HardSigmoid(x) before opset 14")
-def hardswish_clip_fuse(ctx, div):
-    found = _match(div, ctx.opset())
-    if found is None:
+@register_filter("LayerNormalization", priority=PRIORITY_DOMAIN, level=2, portable=False,
+                 description="LayerNormalization(Add(a, b)) -> mirserve.SkipLayerNormalization(a, b, scale, bias)")
+def skip_layer_norm_fuse(ctx, norm):
+    total = norm.input(0)
+    add = total.producer
+    if add is None or not add.is_op("Add") or not total.has_single_consumer() or None in add.inputs:
         return False
-    x, pattern = found
-    if x.dtype not in FLOATS:
+    if total.dtype not in FLOATS or any(v.is_used for v in norm.outputs[1:]):
         return False
-    graph, output = div.graph, div.output()
-    if ctx.opset() >= HARDSWISH_SINCE:
-        created = [graph.add_node("HardSwish", [x], [output], name=f"{div.name}_hardswish", before=div)]
-    else:
-        gate = graph.add_node("HardSigmoid", [x], name=f"{div.name}_hardsigmoid", before=div,
-                              attributes={"alpha": 1.0 / 6.0, "beta": 0.5})
-        gate.output().copy_type_from(x)
-        created = [gate, graph.add_node("Mul", [x, gate.output()], [output], name=f"{div.name}_hardswish",
-                                        before=div)]
-    add, clip, mul = pattern
-    constants = [*add.inputs, *clip.inputs[1:], div.input(1)]
-    replaced = [node.name for node in (*pattern, div)]
-    graph.remove_nodes([*pattern, div])
-    _drop_unused_constants(c for c in constants if c is not x)
-    return {"from": replaced, "to": [node.name for node in created]}
+    graph = norm.graph
+    bias = _bias(graph, norm)
+    if bias is None:
+        return False
+    fused = graph.add_node(SKIP_LAYER_NORMALIZATION, [*add.inputs, norm.input(1), bias], [norm.output()],
+                           domain=DOMAIN, name=f"{norm.name}_skip", before=norm,
+                           attributes={"axis": int(norm.attr("axis", -1)),
+                                       "epsilon": float(norm.attr("epsilon", 1e-5)),
+                                       "stash_type": int(norm.attr("stash_type", 1))})
+    replaced = [add.name, norm.name]
+    graph.remove_nodes([add, norm])
+    return {"from": replaced, "to": [fused.name]}
 
 
 @pipeline_builder(name="acme_lean", description="the plugin filters, kernel pick, casts and memory plan, "

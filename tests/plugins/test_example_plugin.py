@@ -25,8 +25,10 @@ from worker.passes.pipelines import MEMORY, PLACE
 from worker.places import parse_places
 
 PLUGIN = str(EXAMPLES / "acme_npu.py")
-CLS = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+BERT = CORPUS / "bert_small_dyn.onnx"
+BERT_SHAPES = ["--input-shape", "input_ids=2,64", "--input-shape", "attention_mask=2,64"]
 REPO = Path(__file__).resolve().parents[2]
+FUSED = ("mirserve", "SkipLayerNormalization")
 
 
 @pytest.fixture
@@ -35,105 +37,105 @@ def example(monkeypatch):
     assert [(r["origin"], r["status"]) for r in records] == [(PLUGIN, "loaded")]
 
 
-def scalar(name, value):
-    return tensor(name, np.array(value, np.float32))
+def residual_norm_model(opset=18, bias=True, sum_also_output=False, mean_used=False, op="Add"):
+    """y = LayerNormalization(x + r) over the last axis of [2, 4, 8], scale and bias as initializers."""
+    norm_inputs = ["s", "scale", "bias"] if bias else ["s", "scale"]
+    norm_outputs = ["y", "mean"] if mean_used else ["y"]
+    nodes = [helper.make_node(op, ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", norm_inputs, norm_outputs, axis=-1, epsilon=1e-6)]
+    outputs = [vinfo("y", shape=[2, 4, 8])]
+    outputs += [vinfo("s", shape=[2, 4, 8])] if sum_also_output else []
+    outputs += [vinfo("mean", shape=[2, 4, 1])] if mean_used else []
+    rng = np.random.default_rng(0)
+    inits = [tensor("scale", rng.random(8, dtype=np.float32) + 0.5)]
+    inits += [tensor("bias", rng.random(8, dtype=np.float32))] if bias else []
+    return make_model(nodes, [vinfo("x", shape=[2, 4, 8]), vinfo("r", shape=[2, 4, 8])], outputs, inits,
+                      opset=opset)
 
 
-def hardswish_model(opset=11, add=3.0, low=0.0, high=6.0, divisor=6.0, swap=False, other="x", extra_use=False):
-    """y = Relu(other * Clip(x + add, low, high) / divisor), constants as initializers (attributes before 11)."""
-    clip_inputs = ["a", "low", "high"] if opset >= 11 else ["a"]
-    clip_attrs = {} if opset >= 11 else {"min": low, "max": high}
-    nodes = [helper.make_node("Add", ["three", "x"] if swap else ["x", "three"], ["a"]),
-             helper.make_node("Clip", clip_inputs, ["c"], **clip_attrs),
-             helper.make_node("Mul", ["c", other] if swap else [other, "c"], ["m"]),
-             helper.make_node("Div", ["m", "six"], ["d"]),
-             helper.make_node("Relu", ["d"], ["y"])]
-    outputs = [vinfo("y", shape=[2, 8])]
-    if extra_use:
-        outputs.append(vinfo("c", shape=[2, 8]))
-    inits = [scalar("three", add), scalar("six", divisor)] + \
-        ([scalar("low", low), scalar("high", high)] if opset >= 11 else [])
-    return make_model(nodes, [vinfo("x", shape=[2, 8]), vinfo("x2", shape=[2, 8])], outputs, inits, opset=opset)
-
-
-def run_filter(tmp_path, proto) -> tuple[list[str], dict, Path]:
-    """Run type inference and the PRE filter stage; returns the op types after, the stage's entry, the output."""
+def run_stage(tmp_path, proto, **options) -> tuple[list[tuple[str, str]], dict, Path]:
+    """Type inference and the DOMAIN filter stage; returns the (domain, op) list after, the stage's entry, the file."""
     source, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(proto, str(source))
     model = load_model(source)
-    ctx = PassContext(model, OptimizeOptions(), parse_places())
-    trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", "filter_pre"])
+    opts = OptimizeOptions(**options)
+    ctx = PassContext(model, opts, parse_places(opts.places))
+    trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", "filter_domain"])
     save_model(model, out)
-    return [n.op_type for n in model.graph], trace[-1], out
+    return [(n.domain, n.op_type) for n in model.graph], trace[-1], out
 
 
 def assert_same_outputs(before, after):
-    feeds = {"x": np.linspace(-8, 8, 16, dtype=np.float32).reshape(2, 8), "x2": np.ones((2, 8), np.float32)}
+    rng = np.random.default_rng(1)
+    feeds = {name: rng.standard_normal((2, 4, 8)).astype(np.float32) for name in ("x", "r")}
     for expected, actual in zip(run_onnxruntime(before, feeds), run_onnxruntime(after, feeds)):
         np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("opset, fused", [
-    (9, ["HardSigmoid", "Mul", "Relu"]),  # Clip bounds are attributes
-    (11, ["HardSigmoid", "Mul", "Relu"]),  # Clip bounds are inputs
-    (14, ["HardSwish", "Relu"]),  # HardSwish exists
-])
-@pytest.mark.parametrize("swap", [False, True], ids=["x_first", "x_second"])
-def test_hardswish_clip_fuse_rewrites_the_pattern_and_keeps_the_numbers(example, tmp_path, opset, fused, swap):
-    proto = hardswish_model(opset, swap=swap)
-    ops, entry, out = run_filter(tmp_path, proto)
-    assert ops == fused
+@pytest.mark.parametrize("opset", [17, 18, 21])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_skip_layer_norm_fuse_rewrites_the_pattern_and_keeps_the_numbers(example, tmp_path, opset, bias):
+    ops, entry, out = run_stage(tmp_path, residual_norm_model(opset, bias=bias))
+    assert ops == [FUSED]
     assert entry["rewrites"] == 1 and entry["plugins"] == [PLUGIN]
     detail = entry["details"][0]
-    assert detail["rule"] == "hardswish_clip_fuse" and detail["origin"] == PLUGIN
-    assert len(detail["from"]) == 4 and len(detail["to"]) == len(fused) - 1
-    assert onnx.load(str(out)).graph.initializer == []  # the 3, 0, 6 and 6 went with the pattern
-    tmp_in = tmp_path / "in.onnx"
-    assert_same_outputs(tmp_in, out)
+    assert detail["rule"] == "skip_layer_norm_fuse" and detail["origin"] == PLUGIN and len(detail["from"]) == 2
+    written = onnx.load(str(out))
+    assert [(f.domain, f.name) for f in written.functions] == [FUSED]
+    node = written.graph.node[0]
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute} == pytest.approx(
+        {"axis": -1, "epsilon": 1e-6, "stash_type": 1})
+    assert len(node.input) == 4 and written.graph.output[0].name == "y"
+    assert_same_outputs(tmp_path / "in.onnx", out)
 
 
-@pytest.mark.parametrize("change", [
-    {"add": 2.0}, {"high": 5.0}, {"low": -1.0}, {"divisor": 3.0}, {"other": "x2"}, {"extra_use": True},
-], ids=["add_2", "clip_max_5", "clip_min_-1", "div_3", "mul_by_another_tensor", "clip_output_also_used"])
-def test_hardswish_clip_fuse_leaves_anything_else_alone(example, tmp_path, change):
-    ops, entry, _ = run_filter(tmp_path, hardswish_model(11, **change))
-    assert ops == ["Add", "Clip", "Mul", "Div", "Relu"] and entry["rewrites"] == 0
+@pytest.mark.parametrize("change", [{"sum_also_output": True}, {"mean_used": True}, {"op": "Sub"}],
+                         ids=["sum_is_also_an_output", "norm_mean_is_used", "not_an_add"])
+def test_skip_layer_norm_fuse_leaves_anything_else_alone(example, tmp_path, change):
+    ops, entry, _ = run_stage(tmp_path, residual_norm_model(**change))
+    assert [op for _, op in ops] == [change.get("op", "Add"), "LayerNormalization"] and entry["rewrites"] == 0
 
 
-def hardswish_sites(path: Path) -> int:
-    """Occurrences of x * Clip(x + 3, 0, 6) / 6 counted on the ONNX protobuf, independently of the plugin."""
+@pytest.mark.parametrize("options, reason", [
+    ({"opt_level": 1}, "needs opt level 2, the run asked for 1"),
+    ({"portable": True}, "emits ops of the mirserve domain, and the run asked for portable (standard ONNX) output"),
+])
+def test_skip_layer_norm_fuse_is_a_level_2_non_portable_rewrite(example, tmp_path, options, reason):
+    ops, entry, _ = run_stage(tmp_path, residual_norm_model(), **options)
+    assert [op for _, op in ops] == ["Add", "LayerNormalization"]
+    assert entry["filters"][0]["skipped"] == reason
+
+
+def residual_norm_sites(path: Path) -> int:
+    """LayerNormalization nodes reading an Add that nothing else reads, counted on the ONNX protobuf."""
     graph = onnx.load(str(path)).graph
     producer = {out: node for node in graph.node for out in node.output}
-    count = 0
-    for div in (n for n in graph.node if n.op_type == "Div"):
-        mul = producer.get(div.input[0])
-        clips = [producer.get(i) for i in (mul.input if mul is not None and mul.op_type == "Mul" else [])]
-        for clip in (c for c in clips if c is not None and c.op_type == "Clip"):
-            add = producer.get(clip.input[0])
-            count += add is not None and add.op_type == "Add" and add.input[0] in mul.input
-    return count
+    readers = Counter(name for node in graph.node for name in node.input)
+    outputs = {o.name for o in graph.output}
+    return sum(1 for node in graph.node if node.op_type == "LayerNormalization"
+               and producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Add"
+               and readers[node.input[0]] == 1 and node.input[0] not in outputs)
 
 
 def optimize(tmp_path, name, *args) -> tuple[dict, Counter]:
     out, report = tmp_path / f"{name}.onnx", tmp_path / f"{name}.json"
-    assert main(["optimize", str(CLS), "-o", str(out), "--input-shape", "x=1,3,48,192", "--quiet",
-                 "--report", str(report), *args]) == 0
-    return json.loads(report.read_text()), Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+    assert main(["optimize", str(BERT), "-o", str(out), *BERT_SHAPES, "--quiet", "--report", str(report), *args]) == 0
+    return json.loads(report.read_text()), Counter((n.domain, n.op_type) for n in onnx.load(str(out)).graph.node)
 
 
-def test_the_example_changes_what_mirserve_optimize_writes_for_pp_ocr(example, tmp_path):
-    sites = hardswish_sites(CLS)
-    assert sites == 18
+def test_the_example_changes_what_mirserve_optimize_writes_for_bert(example, tmp_path):
+    sites = residual_norm_sites(BERT)
+    assert sites == 9  # the embedding norm and two per layer of 4
     with_filter, ops = optimize(tmp_path, "with")
-    without, ops_without = optimize(tmp_path, "without", "--disable-pass", "hardswish_clip_fuse")
-    assert with_filter["verification"]["passed"] is True and without["verification"]["passed"] is True
-    stage = next(e for e in with_filter["trace"] if e["pass"] == "filter_pre")
+    without, ops_without = optimize(tmp_path, "without", "--disable-pass", "skip_layer_norm_fuse", "--no-verify")
+    assert with_filter["verification"]["passed"] is True
+    stage = next(e for e in with_filter["trace"] if e["pass"] == "filter_domain")
     assert stage["rewrites"] == sites and stage["plugins"] == [PLUGIN]
-    assert ops["HardSigmoid"] == ops_without["HardSigmoid"] + sites
-    assert with_filter["model"]["output"]["nodes"] < without["model"]["output"]["nodes"]
-    skipped = next(e for e in without["trace"] if e["pass"] == "filter_pre")["filters"][0]
-    assert skipped == {"name": "hardswish_clip_fuse", "origin": PLUGIN, "changes": 0, "priority": 110, "binds": "Div",
-                       "skipped": "disabled by the user"}
+    assert ops[FUSED] == sites and ops[("", "LayerNormalization")] == ops_without[("", "LayerNormalization")] - sites
+    assert with_filter["model"]["output"]["nodes"] == without["model"]["output"]["nodes"] - sites
+    skipped = next(e for e in without["trace"] if e["pass"] == "filter_domain")["filters"][0]
+    assert skipped == {"name": "skip_layer_norm_fuse", "origin": PLUGIN, "changes": 0, "priority": 350,
+                       "binds": "LayerNormalization", "skipped": "disabled by the user"}
     assert {"origin": PLUGIN, "status": "loaded"}.items() <= with_filter["plugins"][0].items()
 
 
@@ -157,14 +159,15 @@ def test_the_acme_target_exists_only_with_the_plugin(example):
 def test_loaded_through_the_plugin_path_in_a_fresh_process(tmp_path):
     env = {**os.environ, "MIRSERVE_PLUGIN_PATH": str(EXAMPLES)}
     out = tmp_path / "out.onnx"
-    done = subprocess.run([sys.executable, "-m", "worker.cli", "optimize", str(CLS), "-o", str(out),
-                           "--input-shape", "x=1,3,48,192", "--no-verify"], capture_output=True, text=True, env=env,
-                          cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "worker.cli", "optimize", str(BERT), "-o", str(out), *BERT_SHAPES,
+                           "--no-verify"], capture_output=True, text=True, env=env, cwd=REPO)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert Counter(n.op_type for n in onnx.load(str(out)).graph.node)["Clip"] == 0
+    written = onnx.load(str(out))
+    assert Counter((n.domain, n.op_type) for n in written.graph.node)[FUSED] == residual_norm_sites(BERT)
     done = subprocess.run([sys.executable, "-m", "worker.cli", "passes"], capture_output=True, text=True, env=env,
                           cwd=REPO)
     lines = done.stdout.splitlines()
-    assert any(line.split()[:3] == ["110", "hardswish_clip_fuse", "Div"] and PLUGIN in line for line in lines)
+    assert any(line.split()[:3] == ["350", "skip_layer_norm_fuse", "LayerNormalization"] and PLUGIN in line
+               for line in lines)
     assert any(line.split()[:2] == ["acme_lean", PLUGIN] for line in lines)
     assert any(line.split()[:3] == ["loaded", "MIRSERVE_PLUGIN_PATH", PLUGIN] for line in lines)
