@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -89,6 +90,6 @@ def test_console_script_runs_as_a_program(tmp_path):
     done = subprocess.run([sys.executable, "-m", "worker.cli", "optimize", RESNET, "-o", str(out), "--no-verify"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "415 -> 415 nodes" in done.stdout and "not verified" in done.stdout
+    assert re.search(r"415 -> \d+ nodes", done.stdout) and "not verified" in done.stdout
     done = subprocess.run([sys.executable, "-m", "worker.cli", "optimize", RESNET], capture_output=True, text=True)
     assert done.returncode == 2 and "-o/--output" in done.stderr  # a usage error

@@ -1,8 +1,10 @@
-"""Evaluate one node on known inputs: numpy kernels for the common (mostly shape-computing) ops, and
-``onnx.reference`` for the rest.
+"""Evaluate one node on known inputs: numpy kernels for the common ops, then onnxruntime (when asked, as
+constant folding does) and ``onnx.reference`` for the rest.
 
 Used by type inference to learn the values of shape subgraphs, and by constant folding. Callers decide what
 is worth evaluating (sizes, determinism, Q/DQ); this module only computes, and returns None when it cannot.
+ConstantOfShape and Expand of known values return read-only broadcast views: a folded weight filled with one
+value then takes no memory until the writer streams it.
 """
 from __future__ import annotations
 
@@ -29,8 +31,13 @@ def kernel(*op_types: str):
     return register
 
 
-def evaluate(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
-    """Outputs of ``node`` for these input arrays (None for an omitted optional input), or None."""
+def evaluate(node: Node, inputs: Sequence[np.ndarray | None], opset: int, *,
+             runtime: bool = False) -> list[np.ndarray] | None:
+    """Outputs of ``node`` for these input arrays (None for an omitted optional input), or None.
+
+    With ``runtime``, an op without a numpy kernel runs on onnxruntime (what the optimized model will be
+    checked against) before falling back to ``onnx.reference``.
+    """
     if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or node.subgraphs():
         return None
     fn = _KERNELS.get(node.op_type)
@@ -39,30 +46,66 @@ def evaluate(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> lis
             outputs = fn(node, list(inputs), opset)
             if outputs is not None:
                 return [np.asarray(o) for o in outputs]
-        return _reference(node, inputs, opset)
     except Exception:  # an input the op rejects: leave the value unknown, the runtime will complain
+        return None
+    if runtime:
+        outputs = _onnxruntime(node, inputs, opset)
+        if outputs is not None:
+            return outputs
+    try:
+        return _reference(node, inputs, opset)
+    except Exception:
+        return None
+
+
+def _node_proto(node: Node, inputs: Sequence[np.ndarray | None]):
+    from worker.ir.serde import encode_attribute
+
+    names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]
+    while names and not names[-1]:
+        names.pop()
+    proto = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.outputs))])
+    proto.attribute.extend(encode_attribute(a) for a in node.attributes.values())
+    return proto
+
+
+def _onnxruntime(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    """Run the node as a one-node model on onnxruntime's CPU provider, as onnxsim folds."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
+        return None
+    model = _one_node_model(_node_proto(node, inputs), inputs, opset,
+                            [value.dtype for value in node.outputs])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    options.intra_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feeds = {f"i{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs) if x is not None}
+        return [np.asarray(o) for o in session.run(None, feeds)]
+    except Exception:  # onnxruntime lacks the kernel or rejects the inputs
         return None
 
 
 def _reference(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     from onnx.reference import ReferenceEvaluator
 
-    from worker.ir.serde import encode_attribute
-
-    names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]
-    proto = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.outputs))])
-    proto.attribute.extend(encode_attribute(a) for a in node.attributes.values())
-    evaluator = ReferenceEvaluator(_one_node_model(proto, inputs, opset))
+    evaluator = ReferenceEvaluator(_one_node_model(_node_proto(node, inputs), inputs, opset))
     feeds = {f"i{k}": x for k, x in enumerate(inputs) if x is not None}
     return [np.asarray(o) for o in evaluator.run(None, feeds)]
 
 
-def _one_node_model(proto, inputs, opset: int):
+def _one_node_model(proto, inputs, opset: int, output_dtypes: Sequence[int] = ()):
     graph_inputs = [helper.make_tensor_value_info(f"i{k}", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
                     for k, x in enumerate(inputs) if x is not None]
-    graph_outputs = [helper.make_empty_tensor_value_info(name) for name in proto.output]
+    graph_outputs = [helper.make_tensor_value_info(name, output_dtypes[k], None)
+                     if k < len(output_dtypes) and output_dtypes[k] else helper.make_empty_tensor_value_info(name)
+                     for k, name in enumerate(proto.output)]
     graph = helper.make_graph([proto], "eval", graph_inputs, graph_outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
 
 
 def _axes(node: Node, inputs: list, opset: int, since: int, slot: int = 1) -> list[int] | None:
@@ -201,14 +244,14 @@ def _range(node, x, opset):
 def _expand(node, x, opset):
     shape = [int(d) for d in x[1]]
     target = np.broadcast_shapes(x[0].shape, tuple(shape))
-    return [np.broadcast_to(x[0], target).copy()]
+    return [np.broadcast_to(x[0], target)]  # a read-only view: no memory for the repeated values
 
 
 @kernel("ConstantOfShape")
 def _constant_of_shape(node, x, opset):
     fill = node.attr("value")
     value = np.zeros(1, dtype=np.float32) if fill is None else np.asarray(fill).reshape(-1)
-    return [np.full([int(d) for d in x[0]], value[0], dtype=value.dtype)]
+    return [np.broadcast_to(value[:1].reshape(()), tuple(int(d) for d in x[0]))]
 
 
 @kernel("Reshape")
@@ -251,3 +294,75 @@ def _reduce(node, x, opset):
         axes = None
     result = _REDUCE[node.op_type](x[0], axis=None if axes is None else tuple(axes), keepdims=keepdims)
     return [np.asarray(result).astype(x[0].dtype)]
+
+
+# --- more kernels for constant folding (ops that show up on weights and shape arithmetic) -----------------
+_FLOAT_UNARY = {"Relu": lambda a: np.maximum(a, np.zeros((), a.dtype)),
+                "Sigmoid": lambda a: 1 / (1 + np.exp(-a)), "Tanh": np.tanh, "Sin": np.sin, "Cos": np.cos,
+                "Sign": np.sign, "Round": np.round}
+
+
+@kernel(*_FLOAT_UNARY)
+def _float_unary(node, x, opset):
+    if node.op_type != "Sign" and not np.issubdtype(x[0].dtype, np.floating) and node.op_type != "Relu":
+        return None
+    return [np.asarray(_FLOAT_UNARY[node.op_type](x[0])).astype(x[0].dtype)]
+
+
+@kernel("Pow")
+def _pow(node, x, opset):
+    base, exponent = x
+    if not np.issubdtype(base.dtype, np.floating):
+        return None  # integer powers: leave the edge cases to the runtime
+    return [np.power(base, exponent.astype(base.dtype)).astype(base.dtype)]
+
+
+@kernel("Mod")
+def _mod(node, x, opset):
+    a, b = x
+    if node.attr("fmod", 0):
+        return [np.fmod(a, b).astype(a.dtype)]
+    if not np.issubdtype(a.dtype, np.integer):
+        return None  # float Mod needs fmod=1 by the spec
+    return [np.mod(a, b).astype(a.dtype)]
+
+
+@kernel("Clip")
+def _clip(node, x, opset):
+    data = x[0]
+    if opset < 11:
+        low, high = node.attr("min"), node.attr("max")
+    else:
+        low = x[1] if len(x) > 1 else None
+        high = x[2] if len(x) > 2 else None
+    result = data
+    if low is not None:
+        result = np.maximum(result, np.asarray(low, dtype=data.dtype))
+    if high is not None:
+        result = np.minimum(result, np.asarray(high, dtype=data.dtype))
+    return [np.asarray(result, dtype=data.dtype)]
+
+
+@kernel("Sum", "Mean")
+def _sum_mean(node, x, opset):
+    result = x[0]
+    for other in x[1:]:
+        result = result + other
+    if node.op_type == "Mean":
+        result = result / len(x)
+    return [np.asarray(result).astype(x[0].dtype)]
+
+
+@kernel("MatMul")
+def _matmul(node, x, opset):
+    return [np.matmul(x[0], x[1]).astype(np.result_type(x[0], x[1]))]
+
+
+@kernel("NonZero")
+def _non_zero(node, x, opset):
+    return [np.array(np.nonzero(x[0]), dtype=np.int64).reshape(x[0].ndim, -1)]
+
+
+@kernel("CastLike")
+def _cast_like(node, x, opset):
+    return [x[0].astype(x[1].dtype)]

@@ -427,12 +427,82 @@ class _Chunk:
         out.write(self._encoded_header)
         if self.external is None and self.payload is not None:
             out.write(wire.len_field_header(wire.TENSOR_RAW_DATA, len(self.payload)))
-            out.write(self.payload)
+            _write_payload(out, self.payload)
 
     def write_external(self, data_file: BinaryIO) -> None:
         if self.external is not None:
             data_file.seek(self._offset)
-            data_file.write(self.payload)
+            _write_payload(data_file, self.payload)
+
+
+class ArrayPayload:
+    """The raw bytes of an in-memory initializer, produced block by block while they are written.
+
+    A folded weight is often a broadcast view (a ConstantOfShape fill, an Expand of a scalar) that takes no
+    memory; making it one contiguous buffer would hold the whole tensor at once, and building every chunk
+    before writing would hold all of them. So the bytes are made only when written, at most
+    ``BLOCK_BYTES`` at a time, and a contiguous array is written straight from its memory.
+    """
+
+    BLOCK_BYTES = 16 << 20
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __len__(self) -> int:
+        return int(self.array.nbytes)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(bytes(block) for block in self.blocks())
+
+    def blocks(self) -> Iterable[np.ndarray]:
+        """The payload as consecutive uint8 arrays of at most BLOCK_BYTES (or one row, when larger)."""
+        array = self.array
+        if array.flags.c_contiguous:
+            yield _as_bytes(array)
+        elif array.size and all(stride == 0 for stride in array.strides):
+            yield from _uniform_blocks(array, self.BLOCK_BYTES)
+        else:
+            yield from _strided_blocks(array, self.BLOCK_BYTES)
+
+
+def _as_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _uniform_blocks(array: np.ndarray, limit: int) -> Iterable[np.ndarray]:
+    """One value repeated: one block of it, written as many times as needed."""
+    count = array.size
+    per_block = max(1, min(count, limit // array.itemsize))
+    block = _as_bytes(np.full(per_block, array[(0,) * array.ndim], dtype=array.dtype))
+    for _ in range(count // per_block):
+        yield block
+    if count % per_block:
+        yield block[:(count % per_block) * array.itemsize]
+
+
+def _strided_blocks(array: np.ndarray, limit: int) -> Iterable[np.ndarray]:
+    if array.ndim == 0 or array.nbytes <= limit:
+        yield _as_bytes(array)
+        return
+    row = array[0].nbytes
+    if row > limit:
+        for i in range(array.shape[0]):
+            yield from _strided_blocks(array[i], limit)
+        return
+    step = max(1, limit // max(1, row))
+    for start in range(0, array.shape[0], step):
+        yield _as_bytes(array[start:start + step])
+
+
+def _write_payload(out: BinaryIO, payload) -> None:
+    if isinstance(payload, ArrayPayload):
+        for block in payload.blocks():
+            out.write(block)
+    else:
+        out.write(payload)
 
 
 def _to_external(chunks: list[_Chunk], location: str) -> list[_Chunk]:
@@ -621,8 +691,7 @@ def initializer_chunk(value: Value) -> _Chunk:
     dtype = helper.np_dtype_to_tensor_dtype(array.dtype)
     header = TensorProto(name=value.name, data_type=dtype, dims=array.shape, doc_string=value.doc_string)
     if dtype in _FIXED_WIDTH:
-        contiguous = np.ascontiguousarray(array)
-        return _Chunk(header, memoryview(contiguous.reshape(-1)).cast("B"))
+        return _Chunk(header, ArrayPayload(array))  # bytes made while writing, a block at a time
     full = numpy_helper.from_array(array, value.name)
     full.doc_string = value.doc_string
     return _Chunk(full, None, full)

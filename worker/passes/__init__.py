@@ -6,6 +6,8 @@ from worker.passes.registry import REGISTRY, register_pass
 
 from worker.passes.analysis import type_inference  # noqa: E402,F401  (registration)
 from worker.passes.memory import memory_plan  # noqa: E402,F401  (registration)
+from worker.passes import fold  # noqa: E402,F401  (registration)
+from worker.passes import eliminate  # noqa: E402,F401  (registration)
 from worker.plugins import stages  # noqa: E402,F401  (the filter stages of plugins)
 
 __all__ = ["FixedPoint", "Pass", "PassContext", "PassInfo", "PassKind", "PassManager", "PassResult",

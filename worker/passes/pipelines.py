@@ -57,8 +57,21 @@ def _flatten(steps: Sequence[Step]) -> Iterator[str]:
 # The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
 #: Checks before any rewriting (every op has a kernel in some valid place).
 SUPPORT: tuple[str, ...] = ()
-#: Cleanup, constant and shape folding, eliminations (level 1).
-CLEANUP: tuple[str, ...] = ()
+#: Cleanup, constant and shape folding, eliminations (level 1). Initializer inputs first (they hide the light
+#: models' weights from folding); folding before the eliminations that need constants; merging and dead-code
+#: removal last, to clean up after everything before them.
+CLEANUP: tuple[str, ...] = (
+    "remove_initializer_from_input", "constant_to_initializer", "eliminate_if_with_const_cond",
+    "eliminate_shape_op", "constant_folding",
+    "eliminate_identity", "identity_dropout_eliminate", "eliminate_nop_cast", "eliminate_nop_reshape",
+    "eliminate_nop_transpose", "eliminate_nop_pad", "eliminate_nop_slice", "eliminate_nop_expand",
+    "eliminate_nop_concat", "eliminate_nop_split", "eliminate_pooling1x1", "identity_scale_eliminate",
+    "eliminate_flatten_after_innerproduct", "eliminate_flatten_after_global_pooling",
+    "eliminate_reshape_before_binaryop", "fuse_consecutive_transposes", "fuse_consecutive_reshapes",
+    "fuse_consecutive_squeezes",
+    "eliminate_common_subexpression", "eliminate_duplicate_initializer", "eliminate_deadend",
+    "eliminate_unused_initializer",
+)
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
 FUSE: tuple[str, ...] = ()
 REPLACE: tuple[str, ...] = ()

@@ -1,0 +1,23 @@
+"""Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
+Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one) and pairs that collapse (Transposes,
+Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op). Registered on import."""
+from worker.passes.eliminate import (  # noqa: F401  (registration)
+    consecutive_reshapes,
+    consecutive_transposes,
+    dropout,
+    flatten_after_global_pooling,
+    flatten_after_innerproduct,
+    identity,
+    identity_scale,
+    nop_cast,
+    nop_concat,
+    nop_expand,
+    nop_pad,
+    nop_reshape,
+    nop_slice,
+    nop_split,
+    nop_transpose,
+    pooling_1x1,
+    reshape_before_binaryop,
+    squeeze_unsqueeze,
+)
