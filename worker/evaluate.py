@@ -117,6 +117,12 @@ def _axes(node: Node, inputs: list, opset: int, since: int, slot: int = 1) -> li
     return None if axes is None else list(axes)
 
 
+@kernel("Constant")
+def _constant(node, x, opset):
+    value = node.constant_output()
+    return None if value is None else [value]
+
+
 @kernel("Identity")
 def _identity(node, x, opset):
     return [x[0]]

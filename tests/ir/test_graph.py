@@ -180,3 +180,16 @@ def test_value_kind_predicates():
     assert x.is_graph_input and not x.is_constant
     assert c.is_constant and c.constant_value() is not None
     assert node.output().is_graph_output and not node.output().has_single_consumer()
+
+
+def test_numel_does_not_overflow():
+    assert Value("v", TensorProto.FLOAT, (2**33, 2**33)).numel() == 2**66
+    assert Value("s", TensorProto.FLOAT, ()).numel() == 1
+
+
+def test_renaming_an_initializer_keeps_it_an_initializer(tmp_path):
+    graph = chain(tmp_path).graph
+    w = graph.initializers["w"]
+    graph.rename_value(w, "weights")
+    assert graph.initializers["weights"] is w and "w" not in graph.initializers and graph.value("weights") is w
+    verify_graph(graph)

@@ -216,8 +216,10 @@ class Graph:
             raise ValueError(f"value name {new_name!r} is taken")
         home = value.graph or self
         home._forget_value(value)
-        if value.name in home.initializers:
-            home.initializers = {(new_name if k == value.name else k): v for k, v in home.initializers.items()}
+        if home.initializers.get(value.name) is value:
+            # O(1): the renamed initializer moves to the end; initializer order has no meaning in ONNX.
+            del home.initializers[value.name]
+            home.initializers[new_name] = value
         value.name = new_name
         home._register_value(value)
 

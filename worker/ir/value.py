@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import math
+
 import numpy as np
 
 if TYPE_CHECKING:
@@ -132,7 +134,7 @@ class Value:
     def numel(self) -> int | None:
         if self.shape is None or not all(isinstance(d, int) for d in self.shape):
             return None
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: a declared shape may overflow int64
 
     def copy_type_from(self, other: "Value") -> "Value":
         self.dtype, self.shape, self.type_proto = other.dtype, other.shape, other.type_proto

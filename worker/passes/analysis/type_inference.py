@@ -201,7 +201,8 @@ def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) ->
         for value, array in zip(node.outputs, outputs):
             if array.size <= MAX_EVALUATED and value.name not in known:
                 known[value.name] = array
-                learned += 1
+                # A Constant's value is no news to onnx's inference: only computed values warrant a round.
+                learned += node.op_type != "Constant"
                 if not value.dtype:
                     value.dtype = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
                 value.shape = tuple(int(d) for d in array.shape)
