@@ -17,12 +17,13 @@ from worker.options import OptimizeOptions
 from worker.passes import REGISTRY, PassContext, PassManager
 from worker.passes.analysis.type_inference import apply_input_shapes
 from worker.passes.pipelines import all_pipelines, get_pipeline, pass_names
-from worker.places import Precision, ValidPlaces, parse_places
+from worker.kernels import default_table
+from worker.places import Precision, ValidPlaces, all_targets, parse_places
 from worker.plugins import catalog
 from worker.plugins.loader import PLUGINS
 
-__all__ = ["OptimizeOptions", "list_all", "list_filters", "list_passes", "list_pipelines",
-           "list_plugins", "optimize", "validate_options"]
+__all__ = ["OptimizeOptions", "list_all", "list_filters", "list_passes", "list_pipelines", "list_plugins",
+           "list_targets", "optimize", "validate_options"]
 
 Progress = Callable[[int, int, str], None]
 
@@ -62,8 +63,10 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     model = load_model(model_path, trusted_external_data=options.trusted_external_data)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size}
-    ctx = PassContext(model=model, options=options, places=places, kernels=None)
+    ctx = PassContext(model=model, options=options, places=places, kernels=default_table())
     manager = PassManager(progress=progress)
+    if options.check_support_only:
+        return _support_report(ctx, manager, before, places, started)
     trace = manager.run(ctx, get_pipeline(options.pipeline).steps_for(options))
     rtol, atol = tolerances(options, places)
     verification: dict[str, Any] | None = None
@@ -92,6 +95,32 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     report.update(ctx.report)
     report["seconds"] = round(time.perf_counter() - started, 3)
     return report
+
+
+def _support_report(ctx: PassContext, manager: PassManager, before: dict, places: ValidPlaces,
+                    started: float) -> dict[str, Any]:
+    """--check-support: type inference and the support check only; nothing is written."""
+    trace = manager.run(ctx, ("type_inference", "support_check"))
+    return {"version": __version__, "model": {"input": before, "output": None},
+            "places": [str(p) for p in places], "pipeline": None, "options": ctx.options.to_dict(),
+            "trace": trace, "verification": None, "support": ctx.report.get("support"),
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def list_targets() -> list[dict[str, Any]]:
+    """Every registered target with its memory, the source of its kernel table, and its kernels."""
+    PLUGINS.ensure_loaded()
+    table = default_table()
+    found = []
+    for target in all_targets():
+        kernels = sorted(table.by_target(target.name), key=lambda k: (k.domain, k.op, k.since))
+        found.append({"name": target.name, "memory_space": target.memory_space,
+                      "description": target.description, "origin": target.origin,
+                      "source": table.source(target.name),
+                      "kernels": [{"id": k.id, "op": k.qualified_op, "since": k.since, "until": k.until,
+                                   "precision": k.precision.value, "layout": k.layout.value,
+                                   "variant": k.variant or None, "origin": k.origin} for k in kernels]})
+    return found
 
 
 def list_passes() -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_optimize(commands)
     _add_passes(commands)
+    _add_targets(commands)
     return parser, commands
 
 
@@ -47,6 +48,12 @@ def _add_optimize(commands) -> None:
                      help="do not run this pass (repeatable; `mirserve passes` lists them)")
     cmd.add_argument("--pipeline", default="default", help="named pipeline to run (default: %(default)s)")
     cmd.add_argument("--portable", action="store_true", help="emit standard ONNX ops only")
+    cmd.add_argument("--fp16-storage", action="store_true",
+                     help="store float weights as fp16 in the file (a calib to fp32 where a kernel needs it)")
+    cmd.add_argument("--no-host-fallback", action="store_true",
+                     help="do not append host places as the lowest-priority fallback")
+    cmd.add_argument("--check-support", action="store_true",
+                     help="only check that every op has a kernel in some valid place; write nothing")
     cmd.add_argument("--no-verify", action="store_true", help="skip the numeric check against the input")
     cmd.add_argument("--verify-runs", type=int, default=1, metavar="N",
                      help="random inputs to check (default: 1)")
@@ -61,6 +68,12 @@ def _add_optimize(commands) -> None:
     cmd.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_plugin_argument(cmd)
     cmd.set_defaults(func=run_optimize)
+
+
+def _add_targets(commands) -> None:
+    cmd = commands.add_parser("targets", help="list every target and the kernels its table registers")
+    cmd.add_argument("--json", action="store_true", help="print JSON instead of a summary")
+    cmd.set_defaults(func=run_targets)
 
 
 def _add_passes(commands) -> None:
@@ -96,6 +109,8 @@ def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
         places=args.places, input_shapes=shapes, opt_level=args.opt_level, dim_bounds=bounds,
         disabled_passes=tuple(args.disable_pass), pipeline=args.pipeline, portable=args.portable,
         verify=not args.no_verify, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
+        fp16_storage=args.fp16_storage, host_fallback=not args.no_host_fallback,
+        check_support_only=args.check_support,
         trusted_external_data=True,  # the user names a local file: its external data is theirs too
     )
 
@@ -157,6 +172,8 @@ def write_memory_timeline(path: Path, report: dict[str, Any]) -> None:
 
 
 def summary(report: dict[str, Any]) -> str:
+    if report["model"]["output"] is None and report.get("support") is not None:
+        return support_summary(report["support"])
     model = report["model"]
     line = (f"wrote {model['output']['path']}: {model['input']['nodes']} -> {model['output']['nodes']} nodes, "
             f"{model['input']['bytes']:,} -> {model['output']['bytes']:,} bytes in {report['seconds']:.2f} s")
@@ -167,6 +184,38 @@ def summary(report: dict[str, Any]) -> str:
         return line + f"; not verified: {verification.get('skipped')}"
     worst = max((o["max_abs_diff"] or 0.0 for o in verification["outputs"]), default=0.0)
     return line + (f"; verified on {verification['runs']} run(s), max abs diff {worst:.3g}")
+
+
+def support_summary(support: dict[str, Any]) -> str:
+    places = ",".join(support["places"])
+    if support["supported"]:
+        return f"every one of the {support['op_types']} op types has a kernel in the valid places ({places})"
+    lines = [f"{len(support['unsupported'])} of {support['op_types']} op types have no kernel in the valid "
+             f"places ({places}):"]
+    for entry in support["unsupported"]:
+        nodes = entry["nodes"]
+        lines.append(f"  {entry['op']}: {', '.join(nodes[:6])}" + (f" (+{len(nodes) - 6})" if len(nodes) > 6 else ""))
+    return "\n".join(lines)
+
+
+def run_targets(args: argparse.Namespace) -> int:
+    from worker.api import list_targets
+
+    targets = list_targets()
+    if args.json:
+        print(json.dumps(targets, indent=2))
+        return 0
+    for target in targets:
+        kernels = target["kernels"]
+        print(f"{target['name']} (memory: {target['memory_space']}; {len(kernels)} kernels) {target['description']}")
+        if target["source"]:
+            print(f"  source: {target['source']}")
+        by_op: dict[str, set[str]] = {}
+        for kernel in kernels:
+            by_op.setdefault(kernel["op"], set()).add(f"{kernel['precision']}/{kernel['layout']}")
+        for op in sorted(by_op):
+            print(f"  {op:32} {' '.join(sorted(by_op[op]))}")
+    return 0
 
 
 def run_passes(args: argparse.Namespace) -> int:

@@ -5,6 +5,9 @@ from worker.passes.pipelines import FixedPoint, Pipeline, get_pipeline
 from worker.passes.registry import REGISTRY, register_pass
 
 from worker.passes.analysis import type_inference  # noqa: E402,F401  (registration)
+from worker.passes import fuse  # noqa: E402,F401  (registration)
+from worker.passes import replace  # noqa: E402,F401  (registration)
+from worker.passes import place  # noqa: E402,F401  (registration)
 from worker.passes.memory import memory_plan  # noqa: E402,F401  (registration)
 from worker.passes import fold  # noqa: E402,F401  (registration)
 from worker.passes import eliminate  # noqa: E402,F401  (registration)

@@ -56,13 +56,13 @@ def _flatten(steps: Sequence[Step]) -> Iterator[str]:
 
 # The default pipeline, in Paddle-Lite's order. Each family owns one slot, listed here in run order:
 #: Checks before any rewriting (every op has a kernel in some valid place).
-SUPPORT: tuple[str, ...] = ()
+SUPPORT: tuple[str, ...] = ("support_check",)
 #: Cleanup, constant and shape folding, eliminations (level 1). Initializer inputs first (they hide the light
 #: models' weights from folding); folding before the eliminations that need constants; merging and dead-code
 #: removal last, to clean up after everything before them.
 CLEANUP: tuple[str, ...] = (
     "remove_initializer_from_input", "constant_to_initializer", "eliminate_if_with_const_cond",
-    "eliminate_shape_op", "constant_folding",
+    "eliminate_shape_op", "constant_folding", "quantize_weight_fold",
     "eliminate_identity", "identity_dropout_eliminate", "eliminate_nop_cast", "eliminate_nop_reshape",
     "eliminate_nop_transpose", "eliminate_nop_pad", "eliminate_nop_slice", "eliminate_nop_expand",
     "eliminate_nop_concat", "eliminate_nop_split", "eliminate_pooling1x1", "identity_scale_eliminate",
@@ -73,15 +73,25 @@ CLEANUP: tuple[str, ...] = (
     "eliminate_unused_initializer",
 )
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
-FUSE: tuple[str, ...] = ()
-REPLACE: tuple[str, ...] = ()
+#: Order: activation/normalization chains are recognised by their constants before any fold moves those
+#: constants into weights; BatchNormalization absorbs its trailing affine before it folds into a conv.
+FUSE: tuple[str, ...] = (
+    "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
+    "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse", "fc_fuse", "gemm_bn_fuse", "fold_scale_axis",
+)
+REPLACE: tuple[str, ...] = (
+    "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",
+    "prelu_leaky_relu_replace", "conv_gemm_replace", "transpose_softmax_transpose_fuse",
+)
 #: All of the above, repeated together until nothing changes: a fusion often exposes an elimination and the
 #: other way round.
 SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
 DOMAIN_FUSE: tuple[str, ...] = ()
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
-PLACE: tuple[str, ...] = ()
+PLACE: tuple[str, ...] = ("static_kernel_pick", "variable_place_inference", "type_target_cast",
+                          "type_precision_cast", "type_layout_cast", "type_cast_cleanup", "fp16_storage",
+                          "place_report")
 #: Memory planning over the final execution order.
 MEMORY: tuple[str, ...] = ("memory_plan",)
 

@@ -8,6 +8,7 @@ from worker.passes.fold import (  # noqa: F401  (registration)
     duplicate_initializer,
     if_inline,
     initializer_input,
+    quantize_weight_fold,
     shape_folding,
     unused_initializer,
 )

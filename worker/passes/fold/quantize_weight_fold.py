@@ -1,0 +1,47 @@
+"""quantize_weight_fold: a QuantizeLinear of a constant becomes the quantized initializer; the
+DequantizeLinear that carries the scale and zero point stays.
+
+    w:fp32 -> QuantizeLinear(s, zp) -> DequantizeLinear(s, zp) -> Conv
+    becomes   w_q:int8 -> DequantizeLinear(s, zp) -> Conv
+
+This is the QDQ form runtimes expect for weights, and what onnxruntime's basic level does offline. The model
+stays quantized: every DequantizeLinear is kept, so kernel pick still finds the scale of each int8 kernel
+and never sees a float weight where an int8 one was meant. Weights are stored in 8 bits instead of 32, and
+no runtime quantizes them again on every run. Quantizing a constant here is exact: onnxruntime computes it,
+with the rounding and saturation the runtime itself would apply. Activations keep their Q/DQ pairs
+(constant_folding never folds Q/DQ).
+"""
+from __future__ import annotations
+
+from worker.evaluate import evaluate
+from worker.passes.base import PassContext, PassKind, PassResult
+from worker.passes.common import replace_with_constant
+from worker.passes.eliminate.forward import is_attached
+from worker.passes.registry import register_pass
+
+
+@register_pass(name="quantize_weight_fold", kind=PassKind.PROGRAM, level=1,
+               description="store constant weights quantized: QuantizeLinear of a constant becomes an int8 "
+                           "initializer, its DequantizeLinear kept")
+def quantize_weight_fold(ctx: PassContext) -> PassResult:
+    result = PassResult()
+    for graph in list(ctx.graph.all_graphs()):
+        if not is_attached(graph, ctx.graph):
+            continue
+        for node in graph.nodes_of_type("QuantizeLinear"):
+            inputs = [None if v is None else v.constant_value() for v in node.inputs]
+            if inputs[0] is None or any(a is None for v, a in zip(node.inputs, inputs) if v is not None):
+                continue  # an activation: quantized at run time, as the model says
+            output = node.output()
+            if output.is_graph_output:
+                result.refused("quantize_weight_fold: its output is a graph output")
+                continue
+            computed = evaluate(node, inputs, ctx.opset(), runtime=True)
+            if computed is None:
+                result.refused("quantize_weight_fold: onnxruntime could not quantize the constant")
+                continue
+            # Quantizing keeps the input's shape (onnxruntime answers [1] for a 0-d input).
+            replace_with_constant(graph, output, computed[0].reshape(inputs[0].shape))
+            graph.remove_node(node)
+            result.rewrote({"rule": "quantize_weight_fold", "from": [node.name], "to": []})
+    return result
