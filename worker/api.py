@@ -34,6 +34,7 @@ def validate_options(options: OptimizeOptions) -> ValidPlaces:
     Plugins are loaded first; a name missing because its plugin failed to load fails with that plugin's error.
     """
     options.check_types()
+    PLUGINS.ensure_loaded()  # before the places: a plugin may add a target
     places = parse_places(options.places, host_fallback=options.host_fallback)
     catalog.check_options(options)
     return places

@@ -8,8 +8,10 @@ Load it with ``MIRSERVE_PLUGIN_PATH=examples/plugins`` (or ``--plugin examples/p
 - the filter ``skip_layer_norm_fuse``, bound to LayerNormalization in the DOMAIN band (after the built-in
   fusions, before kernel pick): ``LayerNormalization(Add(a, b))`` becomes that op when only the norm reads
   the sum and the norm's Mean / InvStdDev outputs are unused. Opt level 2 and not portable, like the
-  built-in fusions into mirserve ops;
-- the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory;
+  built-in fusions into mirserve ops, and bound to the op's kernel: skipped when no valid place has one;
+- the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory, and kernel table entries for
+  the op: on acme (fp16 and fp32, made up), on x86 (onnxruntime's CPU kernel of its contrib op of the same
+  meaning, last axis only) and on host (the reference fallback, which runs the function body);
 - the pipeline ``acme_lean``: the plugin's filters, kernel pick, casts and the memory plan, without the
   built-in graph rewrites; at ``--opt-level 0`` type inference only. Chosen per run with ``--pipeline``.
 """
@@ -20,8 +22,8 @@ from onnx import AttributeProto, TensorProto, helper
 
 from worker.domain import DOMAIN, ref
 from worker.passes.pipelines import MEMORY, PLACE
-from worker.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, register_filter, register_op,
-                            register_target)
+from worker.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, register_filter, register_kernels,
+                            register_op, register_target)
 
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SKIP_LAYER_NORMALIZATION = "SkipLayerNormalization"
@@ -43,6 +45,39 @@ register_op(DomainOp(SKIP_LAYER_NORMALIZATION, ("input", "skip", "scale", "bias"
                      "input + skip, normalized by LayerNormalization (a transformer block's residual and norm)"))
 
 
+def _kernel(precision: str, origin: str, **extra) -> dict:
+    """A kernel entry for the op: every port in the kernel's own precision and layout."""
+    same = {"precision": "same", "layout": "same"}
+    return {"op": SKIP_LAYER_NORMALIZATION, "domain": DOMAIN, "since": 1, "until": None, "precision": precision,
+            "layout": extra.pop("layout", "nchw"),
+            "inputs": [{"name": name, **same} for name in ("input", "skip", "scale", "bias")],
+            "outputs": [{"name": "output", **same}], "origin": origin, **extra}
+
+
+def _cast(op: str, variant: str, precision: str, port_in: dict, port_out: dict, **extra) -> dict:
+    """A cast kernel of acme: copies to and from host memory, conversions between fp32 and fp16."""
+    return {"op": op, "domain": DOMAIN, "since": 1, "until": None, "precision": precision, "layout": "any",
+            "variant": variant, "inputs": [{"name": "X", "layout": "same", **port_in}],
+            "outputs": [{"name": "Y", "layout": "same", **port_out}], "origin": "made up: the ACME NPU's DMA and "
+            "conversion units", **extra}
+
+
+register_kernels([
+    _kernel("fp16", "made up: the ACME NPU's fused residual-norm kernel"),
+    _kernel("fp32", "made up: the ACME NPU's fused residual-norm kernel"),
+    _cast("io_copy", "host_to_device", "any", {"precision": "same", "target": "host"}, {"precision": "same"}),
+    _cast("io_copy", "device_to_host", "any", {"precision": "same"}, {"precision": "same", "target": "host"}),
+    _cast("calib", "fp32_to_fp16", "fp16", {"precision": "fp32"}, {"precision": "fp16"},
+          constraints={"attributes": {"to": [TensorProto.FLOAT16]}}),
+    _cast("calib", "fp16_to_fp32", "fp16", {"precision": "fp16"}, {"precision": "fp32"},
+          constraints={"attributes": {"to": [TensorProto.FLOAT]}}),
+], target="acme")
+register_kernels([_kernel("fp32", "onnxruntime com.microsoft.SkipLayerNormalization CPU kernel (last axis only)",
+                          constraints={"attributes": {"axis": [-1]}})], target="x86")
+register_kernels([_kernel("any", "runs the op's function body (Add, LayerNormalization) with the reference kernels",
+                          layout="any", types=["bfloat16", "double", "float", "float16"])], target="host")
+
+
 def _bias(graph, norm):
     """The norm's bias, or zeros shaped like its scale (every input of a mirserve op is always passed)."""
     if norm.input(2) is not None:
@@ -55,7 +90,7 @@ def _bias(graph, norm):
 
 
 @register_filter("LayerNormalization", priority=PRIORITY_DOMAIN, level=2, portable=False,
-                 description="LayerNormalization(Add(a, b)) -> mirserve.SkipLayerNormalization(a, b, scale, bias)")
+                 kernels=[f"{DOMAIN}.{SKIP_LAYER_NORMALIZATION}"], description="LayerNormalization(Add(a, b)) -> mirserve.SkipLayerNormalization(a, b, scale, bias)")
 def skip_layer_norm_fuse(ctx, norm):
     total = norm.input(0)
     add = total.producer

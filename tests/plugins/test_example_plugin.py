@@ -19,6 +19,7 @@ from worker.cli import main
 from worker.errors import PlaceError
 from worker.ir import load_model, save_model
 from worker.ir.verify import VerifyInstrument
+from worker.kernels import default_table
 from worker.options import OptimizeOptions
 from worker.passes import PassContext, PassManager
 from worker.passes.pipelines import MEMORY, PLACE
@@ -59,7 +60,8 @@ def run_stage(tmp_path, proto, **options) -> tuple[list[tuple[str, str]], dict, 
     onnx.save(proto, str(source))
     model = load_model(source)
     opts = OptimizeOptions(**options)
-    ctx = PassContext(model, opts, parse_places(opts.places))
+    ctx = PassContext(model, opts, parse_places(opts.places, host_fallback=opts.host_fallback),
+                      kernels=default_table())
     trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", "filter_domain"])
     save_model(model, out)
     return [(n.domain, n.op_type) for n in model.graph], trace[-1], out
@@ -99,8 +101,10 @@ def test_skip_layer_norm_fuse_leaves_anything_else_alone(example, tmp_path, chan
 @pytest.mark.parametrize("options, reason", [
     ({"opt_level": 1}, "needs opt level 2, the run asked for 1"),
     ({"portable": True}, "emits ops of the mirserve domain, and the run asked for portable (standard ONNX) output"),
-])
-def test_skip_layer_norm_fuse_is_a_level_2_non_portable_rewrite(example, tmp_path, options, reason):
+    ({"places": "arm/fp32/nchw", "host_fallback": False},
+     "needs a mirserve.SkipLayerNormalization kernel, which no valid target (arm) registers"),
+], ids=["opt_level_1", "portable", "no_kernel_in_the_valid_places"])
+def test_skip_layer_norm_fuse_is_a_level_2_non_portable_rewrite_bound_to_its_kernel(example, tmp_path, options, reason):
     ops, entry, _ = run_stage(tmp_path, residual_norm_model(), **options)
     assert [op for _, op in ops] == ["Add", "LayerNormalization"]
     assert entry["filters"][0]["skipped"] == reason
@@ -137,6 +141,23 @@ def test_the_example_changes_what_mirserve_optimize_writes_for_bert(example, tmp
     assert skipped == {"name": "skip_layer_norm_fuse", "origin": PLUGIN, "changes": 0, "priority": 350,
                        "binds": "LayerNormalization", "skipped": "disabled by the user"}
     assert {"origin": PLUGIN, "status": "loaded"}.items() <= with_filter["plugins"][0].items()
+    fused = [n for n in with_filter["kernels"]["nodes"] if n["op"] == "mirserve.SkipLayerNormalization"]
+    assert {(n["kernel"], n["place"]) for n in fused} == {
+        ("x86:mirserve.SkipLayerNormalization:1-:fp32:nchw", "x86/fp32/nchw")}
+
+
+def test_the_fused_op_runs_on_the_made_up_target_with_casts_around_it(example, tmp_path):
+    report, ops = optimize(tmp_path, "acme", "--places", "acme/fp16/nchw,x86/fp32/nchw")
+    assert report["verification"]["passed"] is True and report["verification"]["rtol"] == 1e-2
+    placed = Counter((n["op"], n["place"]) for n in report["kernels"]["nodes"] if n["place"].startswith("acme"))
+    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] == residual_norm_sites(BERT)
+    assert {op for op, _ in placed} == {"mirserve.SkipLayerNormalization", "mirserve.io_copy", "mirserve.calib"}
+    casts = report["kernels"]["casts"]
+    copies = {(c["from"].split("/")[0], c["to"].split("/")[0]) for c in casts if c["cast"] == "io_copy"}
+    assert ("x86", "acme") in copies and any(source == "acme" for source, _ in copies)
+    assert {(c["from"].split("/")[1], c["to"].split("/")[1]) for c in casts if c["cast"] == "calib"} == {
+        ("fp32", "fp16"), ("fp16", "fp32")}
+    assert ops[("mirserve", "io_copy")] == report["kernels"]["counts"]["io_copy"] > 0
 
 
 def test_the_acme_lean_pipeline_chooses_its_passes_from_the_options(example, tmp_path):
@@ -154,6 +175,17 @@ def test_the_acme_target_exists_only_with_the_plugin(example):
     PLUGINS.unload_all()
     with pytest.raises(PlaceError, match="bad target 'acme' in place 'acme/fp16/nchw'"):
         parse_places("acme/fp16/nchw")
+
+
+def test_plugins_load_before_the_places_of_a_run_are_parsed(monkeypatch):
+    """A job's engine process starts with nothing loaded; its first call must see the plugin's target."""
+    from worker.api import validate_options
+    from worker.plugins.loader import PLUGINS
+
+    monkeypatch.setenv("MIRSERVE_PLUGIN_PATH", str(EXAMPLES))
+    assert PLUGINS.records == []
+    places = validate_options(OptimizeOptions(places="acme/fp16/nchw", pipeline="acme_lean"))
+    assert str(places).startswith("acme/fp16/nchw,") and [r.origin for r in PLUGINS.records] == [PLUGIN]
 
 
 def test_loaded_through_the_plugin_path_in_a_fresh_process(tmp_path):

@@ -12,6 +12,7 @@ from worker import places
 from worker.api import list_all, list_passes, validate_options
 from worker.cli import main
 from worker.errors import OptionsError
+from worker.kernels import default_table
 from worker.options import OptimizeOptions
 from worker.passes.pipelines import get_pipeline
 from worker.passes.registry import REGISTRY
@@ -35,11 +36,14 @@ GOOD = """
 """
 
 HALF = """
-    from worker.plugins import DomainOp, register_filter, register_op, register_pass, register_pipeline
-    from worker.plugins import register_target
+    from worker.plugins import DomainOp, register_filter, register_kernels, register_op, register_pass
+    from worker.plugins import register_pipeline, register_target
 
     register_target("halfway", description="registered before the failure")
     register_op(DomainOp("HalfOp", ("x",), ("y",), {}, lambda opset: [], "registered before the failure"))
+    register_kernels([{"op": "HalfOp", "domain": "mirserve", "since": 1, "until": None, "precision": "fp32",
+                       "layout": "nchw", "inputs": [{"name": "x"}], "outputs": [{"name": "y"}],
+                       "origin": "registered before the failure"}], target="halfway")
 
     @register_pass(name="half_pass", kind="debug", description="registered before the failure")
     def half_pass(ctx):
@@ -136,7 +140,8 @@ def test_a_half_registered_plugin_leaves_nothing_registered(tmp_path, monkeypatc
                                                    'outside every band")')
     assert entry["error"].endswith(f"(at {path}:{line})")
     assert entry["provides"] == {"passes": ["half_pass"], "pipelines": ["half_pipeline"], "targets": ["halfway"],
-                                 "ops": ["HalfOp"]}
+                                 "ops": ["HalfOp"], "kernels": ["halfway:mirserve.HalfOp:1-:fp32:nchw"]}
+    assert default_table().get("halfway:mirserve.HalfOp:1-:fp32:nchw") is None
     assert "half_pass" not in REGISTRY and get_pipeline("half_pipeline") is None
     assert "halfway" not in {t.name for t in places.all_targets()} and "half_filter" not in FILTERS
     from worker.domain import get_op
@@ -229,6 +234,21 @@ def test_a_registration_that_bypasses_the_plugin_api_is_refused_and_removed(tmp_
     assert entry["error"] == ("it registered pipeline 'sneaky' with origin 'built-in'; register it through "
                               "worker.plugins.register_pipeline or pipeline_builder so that it names this plugin")
     assert get_pipeline("sneaky") is None
+
+
+def test_kernels_added_under_another_origin_are_refused_and_removed_without_touching_that_origin(tmp_path,
+                                                                                               monkeypatch):
+    before = {k.id for k in default_table()}
+    path = write_plugin(tmp_path, "kernels.py", """
+        from worker.kernels import default_table
+        default_table().add([{"op": "Relu", "domain": "", "since": 1, "until": None, "precision": "fp32",
+                              "layout": "nhwc", "variant": "sneaky", "inputs": [{"name": "X"}],
+                              "outputs": [{"name": "Y"}], "origin": "a claim"}], origin="x86.json", target="x86")
+        """)
+    (entry,) = load_path(monkeypatch, path)
+    assert entry["error"] == ("it registered kernel 'x86:Relu:1-:fp32:nhwc:sneaky' with origin 'x86.json'; register "
+                              "it through worker.plugins.register_kernels so that it names this plugin")
+    assert {k.id for k in default_table()} == before
 
 
 def test_plugin_given_with_the_cli_option_is_loaded_and_exported_to_child_processes(tmp_path, capsys):

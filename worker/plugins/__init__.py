@@ -7,7 +7,8 @@ it is loaded: passes (``register_pass``, the built-ins' decorator), filters boun
 node with a priority (``register_filter``), whole-graph callbacks before and after the filter stages
 (``register_pre_callback`` / ``register_post_callback``), pipelines (``register_pipeline`` with fixed steps,
 ``pipeline_builder`` to choose passes from each run's options), targets (``register_target``), ops of the
-mirserve domain (``register_op``). Everything carries the plugin's origin into the listings and the trace.
+mirserve domain (``register_op``), kernel table entries (``register_kernels``, for a new target too).
+Everything carries the plugin's origin into the listings and the trace.
 See ``discovery`` for where plugins are found and ``filters`` for the priority bands.
 """
 from worker.domain import DomainOp
@@ -17,12 +18,12 @@ from worker.passes.registry import register_pass
 from worker.plugins.filters import (BANDS, LAYER_FIRST, LAYER_LAST, MAX_PRIORITY, PRIORITY_DOMAIN, PRIORITY_POST,
                                     PRIORITY_PRE, PRIORITY_SIMPLIFY)
 from worker.plugins.loader import PLUGINS
-from worker.plugins.register import (current_origin, default_steps, pipeline_builder, register_filter, register_op,
-                                     register_pipeline, register_post_callback, register_pre_callback,
-                                     register_target)
+from worker.plugins.register import (current_origin, default_steps, pipeline_builder, register_filter,
+                                     register_kernels, register_op, register_pipeline, register_post_callback,
+                                     register_pre_callback, register_target)
 
 __all__ = ["BANDS", "DomainOp", "FixedPoint", "LAYER_FIRST", "LAYER_LAST", "MAX_PRIORITY", "PLUGINS",
            "PRIORITY_DOMAIN", "PRIORITY_POST", "PRIORITY_PRE", "PRIORITY_SIMPLIFY", "PassContext", "PassKind",
            "PassResult", "Pipeline", "current_origin", "default_steps", "pipeline_builder", "register_filter",
-           "register_op", "register_pass", "register_pipeline", "register_post_callback", "register_pre_callback",
-           "register_target"]
+           "register_kernels", "register_op", "register_pass", "register_pipeline", "register_post_callback",
+           "register_pre_callback", "register_target"]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 import worker
 from worker import domain, places
+from worker.kernels import default_table
 from worker.passes import pipelines
 from worker.passes.registry import REGISTRY
 from worker.plugins.discovery import FILES_VARIABLE, Source, discover, path_sources
@@ -31,7 +32,7 @@ class PluginRecord:
     found_by: str
     status: str  # "loaded" or "failed"
     error: str | None = None
-    #: kind ("passes", "filters", "pipelines", "targets", "ops") -> names this plugin registered (or tried to).
+    #: kind (passes, filters, pipelines, targets, ops, kernels) -> names (kernel ids) it registered or tried to.
     provides: dict[str, list[str]] = field(default_factory=dict)
     modules: tuple[str, ...] = ()
 
@@ -52,11 +53,12 @@ def _registered() -> dict[str, dict[str, str]]:
         "pipelines": {p.name: p.origin for p in pipelines.all_pipelines()},
         "targets": {t.name: t.origin for t in places.all_targets()},
         "ops": {o.name: o.origin for o in domain.all_ops()},
+        "kernels": {k.id: k.registered_by for k in default_table()},
     }
 
 
 _THROUGH = {"pipelines": "register_pipeline or pipeline_builder", "targets": "register_target",
-            "ops": "register_op"}
+            "ops": "register_op", "kernels": "register_kernels"}
 
 
 def _remove(kind: str, name: str) -> None:
@@ -64,6 +66,8 @@ def _remove(kind: str, name: str) -> None:
         REGISTRY.remove(name)
     elif kind == "filters":
         FILTERS.remove(name)
+    elif kind == "kernels":
+        _remove_kernels([name])
     elif kind in _THROUGH:
         table, unregister = {"pipelines": (pipelines._PIPELINES, pipelines.unregister_pipeline),
                              "targets": (places._TARGETS, places.unregister_target),
@@ -73,9 +77,29 @@ def _remove(kind: str, name: str) -> None:
         table.pop(name, None)
 
 
+def _remove_kernels(ids: Iterable[str]) -> None:
+    """The table removes by origin: do that when every kernel of an origin goes, else entry by entry."""
+    table = default_table()
+    doomed: dict[str, set[str]] = {}
+    for kernel_id in ids:
+        kernel = table.get(kernel_id)
+        if kernel is not None:
+            doomed.setdefault(kernel.registered_by, set()).add(kernel_id)
+    for origin, kernel_ids in doomed.items():
+        if {k.id for k in table if k.registered_by == origin} == kernel_ids:
+            table.remove_origin(origin)
+        else:  # entries filed under an origin that also has others: take out just these
+            for kernel_id in kernel_ids:
+                kernel = table._by_id.pop(kernel_id)
+                table._by_op[(kernel.op, kernel.domain)].remove(kernel)
+
+
 def _forget(provides: dict[str, list[str]], modules: Iterable[str]) -> None:
     """Remove what a plugin registered, and its modules, so that loading it again runs it again."""
     for kind, names in provides.items():
+        if kind == "kernels":
+            _remove_kernels(names)
+            continue
         for name in names:
             _remove(kind, name)
     for module in modules:

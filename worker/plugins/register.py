@@ -134,3 +134,14 @@ def register_target(name: str, *, memory_space: str | None = None, description: 
 def register_op(op: domain.DomainOp) -> domain.DomainOp:
     """An op of the ``mirserve`` domain (a fused op and its standard-op body), attributed to this plugin."""
     return domain.register_op(dataclasses.replace(op, origin=current_origin()))
+
+
+def register_kernels(entries: Iterable, *, target: str | None = None) -> list:
+    """Kernel table entries (the schema of ``worker/kernels/data/*.json``), all of them or none.
+
+    ``target`` applies to entries without their own; it may be a target this plugin registered. Each entry
+    cites its fact in ``origin`` (defaulting to this plugin); the table files them under this plugin.
+    """
+    from worker.kernels import default_table
+
+    return default_table().add(entries, origin=current_origin(), target=target)
