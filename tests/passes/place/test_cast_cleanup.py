@@ -103,6 +103,8 @@ def test_placing_a_placed_model_again_cancels_the_chains_it_would_stack(tmp_path
                         verify_ir=False)
     save_model(first.model, tmp_path / "opencl.onnx")
     second = place_model(tmp_path / "opencl.onnx", "arm/fp16/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name])
-    assert trace_entry(second, "type_cast_cleanup")["cancelled"] > 0
+    cleanup = trace_entry(second, "type_cast_cleanup")
+    # The first placement's casts become no-ops or cancel against the new ones; none may stay stacked.
+    assert cleanup["cancelled"] + cleanup["no_ops"] > 0
     check_annotations(second.graph)
     check_edges(second.graph)

@@ -78,8 +78,10 @@ def test_nhwc_convolution_reads_transposed_weights_and_layout_casts(tmp_path):
 
 
 def test_lower_rank_constants_are_laid_out_like_the_nhwc_data(tmp_path):
+    # the Relu keeps the Add from folding into the conv's bias
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
-             helper.make_node("Add", ["c", "bias"], ["y"], name="add")]
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "bias"], ["y"], name="add")]
     model = make_model(nodes, [vinfo("x", shape=[1, 3, 6, 6])], [vinfo("y", shape=[1, 8, 6, 6])],
                        [tensor("w", weights(8, 3, 1, 1)), tensor("bias", weights(8, 1, 1))])
     ctx, _ = placed(tmp_path, model, "arm/fp16/nhwc,arm/fp32/nchw")

@@ -23,12 +23,14 @@ def assert_same_outputs(reference, candidate, shapes, fp16: bool) -> None:
         assert have.dtype == want.dtype and have.shape == want.shape
         want, have = want.astype(np.float64), have.astype(np.float64)
         np.testing.assert_allclose(have, want, rtol=rtol, atol=atol)
-        # the absolute tolerance alone would pass an all-zero probability map (the detector's outputs
-        # are ~1e-5 on random inputs, where fp16 logits leave ~10% relative error): the output must
-        # still follow the reference
+        # In fp16 the absolute tolerance alone would pass an all-zero probability map (the detector's
+        # outputs are ~1e-5 on random inputs, where fp16 logits leave ~10% relative error): the output must
+        # still follow the reference. Not in fp32: there the detector turns last-bit rounding into up to
+        # ~9% relative L2 on these near-zero outputs (onnxruntime's own basic level: 9.3% with these feeds,
+        # max abs diff 1.5e-7), so rtol/atol is the measure, as the issue defines it.
         norm = np.linalg.norm(want)
-        if norm > 0:
-            assert np.linalg.norm(have - want) / norm < (0.25 if fp16 else 1e-3)
+        if fp16 and norm > 0:
+            assert np.linalg.norm(have - want) / norm < 0.25
 
 
 @pytest.mark.parametrize("places", PLACES)
@@ -109,12 +111,18 @@ def test_fp16_storage_halves_the_detectors_weight_bytes(tmp_path):
 
 @pytest.mark.parametrize("name", ["ch_ppocr_mobile_v2.0_cls_infer.onnx", "ch_PP-OCRv4_det_infer.onnx"])
 def test_nhwc_in_fp32_computes_exactly_what_nchw_computes(name, tmp_path):
-    # without fp16 in the way, the NHWC forms, transposed weights and layout casts must be exact
+    # without fp16 in the way, the NHWC forms, transposed weights and layout casts must be exact: compared
+    # with the same pipeline on NCHW places, so that the graph rewrites before kernel pick are the same
     ctx = place_model(CORPUS / name, "arm/fp32/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name])
     assert len(ctx.graph.nodes_of_type("NhwcConv", "mirserve")) > 40
     check_edges(ctx.graph)
-    save_model(ctx.model, tmp_path / name)
-    assert_same_outputs(CORPUS / name, tmp_path / name, CORPUS_SHAPES[name], fp16=False)
+    save_model(ctx.model, tmp_path / "nhwc.onnx")
+    nchw = place_model(CORPUS / name, "arm/fp32/nchw", shapes=CORPUS_SHAPES[name], verify_ir=False)
+    save_model(nchw.model, tmp_path / "nchw.onnx")
+    feeds = random_feeds(CORPUS / name, CORPUS_SHAPES[name], seed=1)
+    for want, have in zip(run_onnxruntime(tmp_path / "nchw.onnx", feeds), run_onnxruntime(tmp_path / "nhwc.onnx", feeds)):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-7)
+    assert_same_outputs(CORPUS / name, tmp_path / "nhwc.onnx", CORPUS_SHAPES[name], fp16=False)
 
 
 @pytest.mark.parametrize("path", light_models(), ids=lambda p: p.stem)
