@@ -1,0 +1,1 @@
+"""mirserve's REST service (FastAPI): uploads, jobs, artifacts, trace and memory over HTTP."""

@@ -1,0 +1,28 @@
+"""Dependency aliases: the service container, and a job loaded from its path id (or a 404)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from app.problems import ProblemError
+from app.services import Services
+from worker.jobs.store import Job
+
+
+async def get_services(request: Request) -> Services:
+    # async: no I/O here, and a sync dependency would cost a thread-pool hop on every request.
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def load_job(services: ServicesDep, job_id: Annotated[str, Path(description="the job id")]) -> Job:
+    job = services.store.get(job_id)
+    if job is None:
+        raise ProblemError(404, "job-not-found", f"there is no job {job_id!r}", field="job_id")
+    return job
+
+
+JobDep = Annotated[Job, Depends(load_job)]

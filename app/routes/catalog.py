@@ -1,0 +1,31 @@
+"""``/passes`` and ``/targets``: what the engine can do, from the same registry and kernel tables as the CLI."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.problems import problem_responses
+from app.schemas import PassInfo, TargetInfo
+
+router = APIRouter(tags=["catalog"])
+
+
+@router.get("/passes", response_model=list[PassInfo], responses=problem_responses())
+def list_passes():
+    """Every registered pass: kind, level, targets, kernels, origin and position in the default pipeline."""
+    from worker.api import list_passes
+
+    return list_passes()
+
+
+@router.get("/targets", response_model=list[TargetInfo], responses=problem_responses(422))
+def list_targets(kernels: bool = True):
+    """Every target a place may name: its memory space, the source of its kernel table and (unless
+    ``kernels=false``) its kernels: op, opset range, precision, layout."""
+    from worker.api import list_targets
+
+    targets = list_targets()
+    for target in targets:
+        target["kernel_count"] = len(target.get("kernels") or [])
+        if not kernels:
+            target["kernels"] = None
+    return targets

@@ -1,0 +1,95 @@
+"""``/jobs``: list, read, download, cancel and delete jobs."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import FileResponse
+
+from app import services as jobs
+from app.deps import JobDep, ServicesDep
+from app.problems import ProblemError, problem_responses
+from app.schemas import JobOut, JobPage, JobStatus, TraceEntry
+from worker.jobs.store import JobState
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+ONNX_MEDIA_TYPE = "application/octet-stream"
+MAX_OFFSET = 1_000_000_000  # keeps OFFSET within the databases' 64-bit integers
+
+
+@router.get("", response_model=JobPage, responses=problem_responses(422))
+def list_jobs(services: ServicesDep, status: JobStatus | None = None,
+              limit: Annotated[int, Query(ge=1, le=100)] = 20,
+              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0):
+    """Jobs, newest first, optionally only those with one status."""
+    found, total = services.store.list(state=JobState(status) if status else None, limit=limit, offset=offset)
+    next_offset = offset + len(found) if offset + len(found) < total else None
+    return JobPage(items=[jobs.job_out(j) for j in found], total=total, limit=limit, offset=offset,
+                   next_offset=next_offset)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=problem_responses(404))
+async def get_job(job: JobDep, response: Response):  # the job is loaded in the thread pool by JobDep
+    """The job's status, progress (current pass, i of n), attempt, timestamps, error and summary."""
+    if not job.state.is_terminal:
+        response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
+    return jobs.job_out(job)
+
+
+@router.get("/{job_id}/artifact", response_class=FileResponse,
+            responses={200: {"content": {ONNX_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The optimized model.",
+                             "headers": {"ETag": {"schema": {"type": "string"}}}},
+                       304: {"description": "Not modified: the artifact still has the ETag given in If-None-Match."},
+                       **problem_responses(404, 409)})
+def get_artifact(job: JobDep, services: ServicesDep,
+                 if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None):
+    """The optimized model, with a strong ETag (its sha256); 409 until the job has succeeded."""
+    path = jobs.artifact_file(services, job)
+    etag = f'"{job.artifact_sha256}"'
+    if if_none_match is not None and _matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    stem = job.input_filename.rsplit(".", 1)[0] or "model"
+    return FileResponse(path, media_type=ONNX_MEDIA_TYPE, filename=f"{stem}.opt.onnx", headers={"ETag": etag})
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """RFC 9110 If-None-Match: weak comparison over a list of tags, or '*'."""
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or etag in tags
+
+
+@router.get("/{job_id}/trace", response_model=list[TraceEntry], response_model_exclude_unset=True,
+            responses=problem_responses(404, 409))
+def get_trace(job: JobDep, services: ServicesDep) -> Any:
+    """Per pass: kind, origin, seconds, skip reason, node and value counts before and after, rewrites."""
+    return jobs.report(services, job).get("trace") or []
+
+
+@router.get("/{job_id}/memory", response_model=dict[str, Any], responses=problem_responses(404, 409))
+def get_memory(job: JobDep, services: ServicesDep) -> Any:
+    """The memory estimates of the optimized model (the memory planning pass's report)."""
+    memory = jobs.report(services, job).get("memory")
+    if not isinstance(memory, dict):
+        raise ProblemError(404, "no-memory-report", "this job's report has no memory estimates (the memory "
+                           "planning pass did not run)", job_id=job.id)
+    return memory
+
+
+@router.get("/{job_id}/report", response_model=dict[str, Any], responses=problem_responses(404, 409))
+def get_report(job: JobDep, services: ServicesDep) -> Any:
+    """The engine's whole report: model sizes, places, options, trace, verification, memory, kernels."""
+    return jobs.report(services, job)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=problem_responses(404, 409))
+def cancel_job(job: JobDep, services: ServicesDep):
+    """Cancel a queued job at once, or ask the worker to stop a running one (its engine process is killed)."""
+    return jobs.job_out(jobs.cancel(services, job))
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response, responses=problem_responses(404, 409))
+def delete_job(job: JobDep, services: ServicesDep):
+    """Delete a job that is not running, with its upload and artifact."""
+    jobs.delete(services, job)
+    return Response(status_code=204)

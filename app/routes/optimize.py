@@ -1,0 +1,68 @@
+"""``POST /optimize``: accept a model and its places, answer 202 with the queued job."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Header, Request, Response
+
+from app import services as jobs
+from app.deps import ServicesDep
+from app.problems import problem_responses
+from app.schemas import JobOut
+from app.uploads import receive_upload
+
+router = APIRouter(tags=["jobs"])
+SUBMIT_THREADS = 4
+
+FORM_SCHEMA = {
+    "required": True,
+    "content": {"multipart/form-data": {"schema": {
+        "type": "object",
+        "required": ["model"],
+        "properties": {
+            "model": {"type": "string", "format": "binary", "description": "the ONNX model file"},
+            "places": {"type": "string", "example": "arm/fp16/nhwc,arm/fp32/nchw",
+                       "description": "valid places in priority order, each target/precision/layout "
+                                      "(default x86/fp32/nchw)"},
+            "options": {"type": "string", "example": '{"input_shapes": {"x": [1, 3, 640, 640]}}',
+                        "description": "JSON object of engine options: input_shapes, opt_level, "
+                                       "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
+                                       "check_support_only, verify, verify_runs, rtol, atol, dim_bounds"},
+        },
+    }}},
+}
+
+
+def _submit_limiter(request: Request) -> anyio.CapacityLimiter:
+    """Submissions get their own few threads: the job table takes one writer at a time anyway, and a burst of
+    uploads must not occupy the whole thread pool that reads such as GET /jobs/{id} need."""
+    limiter = getattr(request.app.state, "submit_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.submit_limiter = anyio.CapacityLimiter(SUBMIT_THREADS)
+    return limiter
+
+
+@router.post("/optimize", status_code=202, response_model=JobOut, openapi_extra={"requestBody": FORM_SCHEMA},
+             responses={**problem_responses(400, 413, 415, 422, 503),
+                        202: {"headers": {"Location": {"schema": {"type": "string"}},
+                                          "Retry-After": {"schema": {"type": "string"}}}}})
+async def optimize(request: Request, response: Response, services: ServicesDep,
+                   idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                                                 max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
+    """Upload a model with its places and options; the job is validated, stored and queued."""
+    settings = services.settings
+    upload = await receive_upload(request.headers.get("content-type"), request.headers.get("content-length"),
+                                  request.stream(), services.files.uploads, settings.max_upload_bytes,
+                                  check_fields=lambda fields: jobs.parse_options(fields.get("places"),
+                                                                                 fields.get("options")))
+    try:
+        # Pure checks without I/O, a fraction of a millisecond: no thread hop for them.
+        options = jobs.parse_options(upload.fields.get("places"), upload.fields.get("options"))
+        job, _created = await anyio.to_thread.run_sync(jobs.submit, services, upload, options, idempotency_key,
+                                                       limiter=_submit_limiter(request))
+    finally:
+        upload.discard()  # a no-op once the job adopted the file
+    response.headers["Location"] = f"/jobs/{job.id}"
+    response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
+    return jobs.job_out(job)

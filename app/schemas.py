@@ -1,0 +1,148 @@
+"""What the API answers, apart from how jobs are stored (``worker.jobs.store``)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled"]
+
+
+class JobProgress(BaseModel):
+    current_pass: str = Field(description="the pass the engine is running (or has just finished)")
+    index: int = Field(description="1-based position of that pass")
+    total: int = Field(description="passes in this run")
+
+
+class JobInput(BaseModel):
+    filename: str
+    bytes: int
+    sha256: str
+
+
+class JobArtifact(BaseModel):
+    bytes: int
+    sha256: str = Field(description="also the artifact's strong ETag")
+    url: str
+
+
+class JobError(BaseModel):
+    type: str = Field(description="kind of failure, e.g. ModelError, OptionsError, VerificationError")
+    message: str
+    field: str | None = Field(None, description="the option or request field at fault, when there is one")
+
+
+class JobSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    nodes_before: int | None = None
+    nodes_after: int | None = None
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    passes_run: int | None = None
+    rewrites: int | None = None
+    places: list[str] | None = None
+    verified: bool | None = None
+    max_abs_diff: float | None = None
+    arena_bytes: int | None = Field(None, description="planned activation memory, all memory spaces together")
+    weights_bytes: int | None = None
+    macs: int | None = None
+    seconds: float | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    artifact: str
+    trace: str
+    memory: str
+    report: str
+    cancel: str
+
+
+class JobOut(BaseModel):
+    id: str
+    status: JobStatus
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int = Field(description="attempts started so far (a killed worker's job is retried)")
+    max_attempts: int
+    cancel_requested: bool
+    progress: JobProgress | None
+    places: str
+    options: dict[str, Any]
+    input: JobInput
+    artifact: JobArtifact | None
+    error: JobError | None
+    retry_reason: str | None = Field(description="why the latest retry happened, if any")
+    summary: JobSummary | None
+    links: JobLinks
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class TraceEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    pass_: str = Field(alias="pass")
+    kind: str | None = None
+    skipped: Any = None
+    seconds: float | None = None
+    rewrites: int | None = None
+
+
+class PassInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    kind: str
+    description: str
+    level: int
+    targets: list[str] | None
+    position: int | None
+
+
+class KernelInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    op: str = Field(description="the op, domain-qualified outside the default domain")
+    since: int | None = Field(None, description="first opset version the kernel covers")
+    until: int | None = Field(None, description="last opset version it covers (none: still current)")
+    precision: str
+    layout: str
+
+
+class TargetInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    memory_space: str
+    description: str | None = None
+    origin: str | None = None
+    source: str | None = Field(None, description="where the target's kernel table comes from")
+    kernel_count: int
+    kernels: list[KernelInfo] | None = Field(None, description="omitted with kernels=false")
+
+
+class Check(BaseModel):
+    ok: bool
+    detail: str
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"]
+    checks: dict[str, Check]
+
+
+class Liveness(BaseModel):
+    status: Literal["ok"]
+    version: str

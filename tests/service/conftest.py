@@ -1,0 +1,122 @@
+"""Fixtures for the service tests: job stores and queues on every backend, and the "server required" rule.
+
+Tests that need PostgreSQL or Redis use the real local servers (``MIRSERVE_TEST_POSTGRES_URL``,
+``MIRSERVE_TEST_REDIS_URL``, defaulting to 127.0.0.1). When a server is unreachable they skip with the reason,
+unless ``MIRSERVE_REQUIRE_SERVICES=1`` (set by ``.ci/run``), where that skip becomes a failure.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import pytest
+
+from worker.jobs.config import JobConfig
+from worker.jobs.files import JobFiles
+from worker.jobs.queue import JobQueue, build_huey
+from worker.jobs.store import JobStore, NewJob
+
+POSTGRES_URL = os.environ.get("MIRSERVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("MIRSERVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+FAKE_ENGINE = "tests.service.engines:scripted"
+
+
+def server_unavailable(what: str, error: BaseException) -> None:
+    """Skip (or, under MIRSERVE_REQUIRE_SERVICES=1, fail) a test whose server cannot be reached."""
+    reason = f"{what} is unreachable ({type(error).__name__}: {error})"
+    if os.environ.get("MIRSERVE_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{reason}; MIRSERVE_REQUIRE_SERVICES=1 requires it", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A fresh schema on the local PostgreSQL server for this session, dropped afterwards."""
+    import sqlalchemy
+
+    schema = f"mirserve_test_{secrets.token_hex(4)}"
+    admin = sqlalchemy.create_engine(POSTGRES_URL, connect_args={"connect_timeout": 5})
+    try:
+        with admin.begin() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE SCHEMA {schema}"))
+    except Exception as error:  # noqa: BLE001 - any connection failure is "unreachable"
+        admin.dispose()
+        server_unavailable(f"PostgreSQL at {POSTGRES_URL}", error)
+    separator = "&" if "?" in POSTGRES_URL else "?"
+    yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    with admin.begin() as conn:
+        conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except Exception as error:  # noqa: BLE001
+        server_unavailable(f"Redis at {REDIS_URL}", error)
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+def make_config(data_dir: Path, database_url: str | None = None, redis_url: str | None = None, **overrides) -> JobConfig:
+    values = dict(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'mirserve.db'}",
+                  redis_url=redis_url, queue_name=f"mirserve-test-{secrets.token_hex(4)}", engine=FAKE_ENGINE,
+                  lease_seconds=3.0, heartbeat_seconds=0.3, reaper_interval_seconds=0.3, job_memory_mb=2048,
+                  job_time_limit_seconds=60.0, poll_seconds=0.05)
+    values.update(overrides)
+    return JobConfig(**values)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request, tmp_path):
+    """The job table's URL on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mirserve.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(database_url):
+    """A job store on each backend, emptied before the test (the PostgreSQL schema is shared by the session)."""
+    from worker.jobs.store import metadata
+
+    job_store = JobStore(database_url)
+    job_store.create_schema()
+    with job_store.engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+    yield job_store
+    job_store.dispose()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def queue_backend(request):
+    return None if request.param == "sqlite" else request.getfixturevalue("redis_url")
+
+
+@pytest.fixture
+def queue(queue_backend, tmp_path):
+    """A job queue on each backend, with its own name so concurrent runs never share messages."""
+    job_queue = JobQueue(build_huey(make_config(tmp_path, redis_url=queue_backend)))
+    yield job_queue
+    job_queue.flush()
+    job_queue.close()
+
+
+def new_job(files: JobFiles | None = None, payload: bytes = b"not really a model", max_attempts: int = 3,
+            **options) -> NewJob:
+    """A NewJob (with its upload in place when ``files`` is given) whose options script the fake engine."""
+    job = NewJob(input_filename="model.onnx", input_bytes=len(payload), input_sha256="0" * 64,
+                 places="x86/fp32/nchw", options=options, max_attempts=max_attempts)
+    if files is not None:
+        files.ensure()
+        upload = files.uploads / f"{job.id}.part"
+        upload.write_bytes(payload)
+        files.adopt_upload(upload, job.id)
+    return job

@@ -1,0 +1,105 @@
+"""Running ``python -m app.cli serve`` as a real process for end-to-end tests (and reading its job table)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from worker.jobs.store import Job, JobStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One ``mirserve serve`` (API + embedded worker) on a free port with its own data directory."""
+
+    def __init__(self, data_dir: Path, command: str = "serve", **settings):
+        self.data_dir = Path(data_dir)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(self.data_dir),
+                    "MIRSERVE_PORT": str(self.port), "MIRSERVE_LOG_LEVEL": "warning"}
+        self.env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
+        self.command = command
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{command}.log"
+        self.process: subprocess.Popen | None = None
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        self._store: JobStore | None = None
+
+    def __enter__(self) -> "Server":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "app.cli", self.command], cwd=REPO, env=self.env,
+                                            stdout=log, stderr=subprocess.STDOUT)
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        if self._store is not None:
+            self._store.dispose()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"mirserve {self.command} exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"mirserve {self.command} was not ready in {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    @property
+    def store(self) -> JobStore:
+        """The server's job table, read directly (for pids and attempt details the API does not show)."""
+        if self._store is None:
+            self._store = JobStore(f"sqlite:///{self.data_dir.resolve() / 'mirserve.db'}")
+        return self._store
+
+    def job_row(self, job_id: str) -> Job:
+        return self.store.get(job_id)
+
+    def submit(self, model: Path | bytes, places: str, options: dict | None = None, filename: str | None = None):
+        import json
+
+        content = model.read_bytes() if isinstance(model, Path) else model
+        name = filename or (model.name if isinstance(model, Path) else "model.onnx")
+        data = {"places": places}
+        if options:
+            data["options"] = json.dumps(options)
+        return self.client.post("/optimize", files={"model": (name, content)}, data=data)
+
+    def wait_for(self, job_id: str, statuses=("succeeded", "failed", "canceled"), timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        job = None
+        while time.monotonic() < deadline:
+            job = self.client.get(f"/jobs/{job_id}").json()
+            if job["status"] in statuses:
+                return job
+            time.sleep(0.1)
+        raise AssertionError(f"job {job_id} still {job and job['status']} after {timeout} s:\n{self.log()}")

@@ -1,0 +1,40 @@
+"""``app.cli``: the engine's program plus the service's commands."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from tests.service.server import REPO
+
+
+def test_the_program_has_the_engine_and_service_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("optimize", "passes", "serve", "api", "worker", "openapi"):
+        assert command in text
+
+
+def test_engine_commands_still_work_through_it(capsys):
+    assert main(["passes", "--json"]) == 0
+    assert "type_inference" in {p["name"] for p in json.loads(capsys.readouterr().out)}
+
+
+def test_openapi_writes_the_committed_document(tmp_path):
+    target = tmp_path / "openapi.json"
+    assert main(["openapi", "-o", str(target)]) == 0
+    assert target.read_text() == (REPO / "openapi" / "openapi.json").read_text()
+
+
+@pytest.mark.parametrize("variables, words", [
+    ({"MIRSERVE_LEASE_SECONDS": "2", "MIRSERVE_HEARTBEAT_SECONDS": "5"}, "MIRSERVE_HEARTBEAT_SECONDS (5.0) must be"),
+    ({"MIRSERVE_PORT": "http"}, "MIRSERVE_PORT: Input should be a valid integer"),
+])
+def test_bad_settings_stop_the_command_with_the_variable_named(monkeypatch, tmp_path, variables, words):
+    for name, value in {"MIRSERVE_DATA_DIR": str(tmp_path), **variables}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        main(["worker"])
+    assert words in str(stopped.value)

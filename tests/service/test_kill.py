@@ -1,0 +1,89 @@
+"""Killing things mid-job on a real ``serve`` process tree with the real engine (held back at its first pass so
+the kill surely lands mid-run): the job still succeeds on a later attempt, nothing stays running, and the
+artifact is published once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import CORPUS, CORPUS_SHAPES
+from tests.service.server import Server
+
+MODEL = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    os.environ["MIRSERVE_TEST_ENGINE_DELAY"] = "2"  # read by the engine child, inherited through serve
+    try:
+        with Server(tmp_path_factory.mktemp("kill") / "data", engine="tests.service.engines:slow_optimize",
+                    lease_seconds=3, heartbeat_seconds=0.5, reaper_interval_seconds=0.5) as running:
+            yield running
+    finally:
+        del os.environ["MIRSERVE_TEST_ENGINE_DELAY"]
+
+
+def submit_and_wait_running(server: Server) -> str:
+    response = server.submit(CORPUS / MODEL, "arm/fp32/nchw", {"input_shapes": CORPUS_SHAPES[MODEL]})
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = server.job_row(job_id)
+        if row.state.value == "running" and row.child_pid and row.progress_index:
+            return job_id
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never reached its first pass:\n{server.log()}")
+
+
+def assert_succeeded_once_on_a_later_attempt(server: Server, job_id: str) -> dict:
+    job = server.wait_for(job_id, timeout=90)
+    assert job["status"] == "succeeded", (job["error"], server.log())
+    assert job["attempt"] == 2 and job["retry_reason"].startswith("attempt 1: ")
+    assert server.client.get("/jobs", params={"status": "running"}).json()["total"] == 0
+    row = server.job_row(job_id)
+    assert row.artifact_attempt == 2 and row.lease_token is None
+    job_dir = server.data_dir / "jobs" / job_id
+    assert sorted(p.name for p in job_dir.glob("attempt-*")) == ["attempt-2"]
+    artifact = server.client.get(job["links"]["artifact"]).content
+    assert hashlib.sha256(artifact).hexdigest() == job["artifact"]["sha256"] == row.artifact_sha256
+    return job
+
+
+def wait_gone(pid: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} is still alive")
+
+
+def test_killing_the_engine_child_mid_job_retries_and_succeeds(server):
+    job_id = submit_and_wait_running(server)
+    os.kill(server.job_row(job_id).child_pid, signal.SIGKILL)
+    job = assert_succeeded_once_on_a_later_attempt(server, job_id)
+    assert "killed by SIGKILL" in job["retry_reason"]
+
+
+def test_killing_the_whole_worker_mid_job_retries_and_succeeds(server):
+    job_id = submit_and_wait_running(server)
+    row = server.job_row(job_id)
+    worker_pid = int(row.worker_id.split(":")[1])
+    assert worker_pid != server.process.pid  # the embedded worker is its own process
+    os.kill(worker_pid, signal.SIGKILL)
+    wait_gone(row.child_pid)  # the engine child dies with its worker
+    job = assert_succeeded_once_on_a_later_attempt(server, job_id)
+    assert "stopped sending heartbeats" in job["retry_reason"]
+    assert int(server.job_row(job_id).worker_id.split(":")[1]) != worker_pid  # serve restarted its worker
+    server.wait_ready(timeout=10)

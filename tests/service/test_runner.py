@@ -1,0 +1,235 @@
+"""The job machinery end to end inside one process: worker threads, engine children, leases, the reaper.
+
+The engine here is ``tests.service.engines:scripted`` (a real child process, a fake optimizer whose behaviour
+the job's options script), so every outcome of a child can be produced on purpose. Each test runs on
+SQLite + SqliteHuey and on PostgreSQL + RedisHuey against the local servers.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests.service.conftest import make_config, new_job
+from worker.jobs.consumer import JobWorker
+from worker.jobs.store import JobState, JobStore, jobs_table
+from worker.jobs.db import write_transaction
+
+
+@pytest.fixture(params=["sqlite+sqlite", "postgres+redis"])
+def backends(request, tmp_path):
+    if request.param == "sqlite+sqlite":
+        return {"database_url": f"sqlite:///{tmp_path / 'mirserve.db'}", "redis_url": None}
+    return {"database_url": request.getfixturevalue("postgres_url"),
+            "redis_url": request.getfixturevalue("redis_url")}
+
+
+@pytest.fixture
+def make_worker(backends, tmp_path):
+    """Start embedded workers sharing one job table, one queue and one data directory."""
+    started = []
+    queue_name = f"mirserve-test-{os.getpid()}-{time.monotonic_ns()}"
+
+    def start(**overrides) -> JobWorker:
+        config = make_config(tmp_path / "data", queue_name=queue_name, **backends, **overrides)
+        worker = JobWorker(config)
+        if not started:
+            _empty(worker.store)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=5)
+    if started:
+        started[0].queue.flush()
+        _empty(started[0].store)
+        for worker in started:
+            worker.store.dispose()
+
+
+def _empty(store: JobStore) -> None:
+    from worker.jobs.store import metadata
+
+    with store.engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            conn.execute(table.delete())
+
+
+def submit(worker: JobWorker, **options) -> str:
+    job = new_job(worker.files, **options)
+    worker.store.create(job)
+    worker.queue.enqueue(job.id)
+    return job.id
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finished(worker: JobWorker, job_id: str, timeout: float = 30.0):
+    return wait_for(lambda: (j := worker.store.get(job_id)) and j.state.is_terminal and j, timeout,
+                    f"job {job_id} to finish")
+
+
+def running_with_child(worker: JobWorker, job_id: str):
+    return wait_for(lambda: (j := worker.store.get(job_id)) and j.child_pid and j.progress_index and j,
+                    what="the engine child to report progress")
+
+
+def attempt_dirs(worker: JobWorker, job_id: str) -> list[str]:
+    return sorted(p.name for p in worker.files.job_dir(job_id).glob("attempt-*"))
+
+
+def test_job_succeeds_with_progress_summary_and_one_published_attempt(make_worker):
+    worker = make_worker()
+    job_id = submit(worker, passes=4, payload_note="x")
+    job = finished(worker, job_id)
+    assert job.state is JobState.SUCCEEDED and job.attempt == 1
+    assert (job.progress_index, job.progress_total, job.progress_pass) == (4, 4, "fake_pass_4")
+    assert job.summary["passes_run"] == 4 and job.summary["verified"] is True
+    artifact = worker.files.artifact_path(job_id, job.artifact_attempt)
+    assert artifact.read_bytes() == b"not really a model" and job.artifact_bytes == len(b"not really a model")
+    assert attempt_dirs(worker, job_id) == ["attempt-1"]
+
+
+def test_a_user_error_fails_the_job_at_once_with_its_message_and_field(make_worker):
+    worker = make_worker()
+    job = finished(worker, submit(worker, then="fail"))
+    assert (job.state, job.attempt, job.error_type, job.error_field) == (JobState.FAILED, 1, "ModelError", "model")
+    assert "not an ONNX model" in job.error_message
+
+
+def test_an_engine_crash_fails_the_job_naming_the_signal(make_worker):
+    worker = make_worker()
+    job = finished(worker, submit(worker, then="crash"))
+    assert (job.state, job.attempt, job.error_type) == (JobState.FAILED, 1, "EngineCrash")
+    assert "SIGABRT" in job.error_message
+
+
+def test_the_memory_limit_stops_a_hungry_engine_with_a_clear_error(make_worker):
+    worker = make_worker(job_memory_mb=512)
+    job = finished(worker, submit(worker, then="hog", hog_mb=1024))
+    assert (job.state, job.error_type) == (JobState.FAILED, "ResourceLimitError")
+    assert "job limit of 512 MiB" in job.error_message
+
+
+def test_the_time_limit_kills_a_slow_engine(make_worker):
+    worker = make_worker(job_time_limit_seconds=1.0)
+    job_id = submit(worker, passes=1, pass_seconds=30)
+    pid = running_with_child(worker, job_id).child_pid
+    job = finished(worker, job_id, timeout=10)
+    assert (job.state, job.error_type) == (JobState.FAILED, "TimeLimitError")
+    assert "time limit of 1 s" in job.error_message
+    assert not _alive(pid)
+
+
+def test_cancel_kills_the_running_engine(make_worker):
+    worker = make_worker()
+    job_id = submit(worker, passes=1, pass_seconds=30)
+    pid = running_with_child(worker, job_id).child_pid
+    worker.store.request_cancel(job_id)
+    job = finished(worker, job_id, timeout=10)
+    assert job.state is JobState.CANCELED and job.artifact_sha256 is None
+    assert not _alive(pid)
+
+
+def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
+    worker = make_worker()
+    job_id = submit(worker, passes=3, pass_seconds=0.4)
+    os.kill(running_with_child(worker, job_id).child_pid, signal.SIGKILL)
+    job = finished(worker, job_id)
+    assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
+    assert "killed by SIGKILL" in job.retry_reason
+    assert attempt_dirs(worker, job_id) == ["attempt-2"]
+
+
+def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
+    """The reaper gives the job to another worker while the first still runs: only the second publishes."""
+    first = make_worker()
+    job_id = submit(first, passes=4, pass_seconds=0.5)
+    stale = running_with_child(first, job_id)
+    _expire_lease(first.store, job_id)
+    assert [r.job_id for r in first.store.reap_expired()] == [job_id]
+    first.queue.enqueue(job_id)
+    second = make_worker()
+    job = finished(second, job_id)
+    assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
+    assert not _alive(stale.child_pid)  # the first attempt noticed and killed its engine
+    wait_for(lambda: attempt_dirs(first, job_id) == ["attempt-2"], 10, "the stale attempt's files to go")
+
+
+def test_stopping_a_worker_gives_its_running_job_back(make_worker):
+    first = make_worker()
+    job_id = submit(first, passes=1, pass_seconds=30)
+    pid = running_with_child(first, job_id).child_pid
+    first.stop(timeout=5)
+    assert not _alive(pid)
+    assert first.store.get(job_id).state is JobState.QUEUED
+    with write_transaction(first.store.engine) as conn:  # let the second run go quickly
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
+                     .values(options={"passes": 1}))
+    second = make_worker()
+    job = finished(second, job_id)
+    assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2)
+    assert "shut down" in job.retry_reason
+
+
+def test_a_lost_queue_message_is_sent_again(make_worker):
+    worker = make_worker(requeue_after_seconds=0.5)
+    job = new_job(worker.files)
+    worker.store.create(job)  # in the table, but no message in the queue
+    assert finished(worker, job.id, timeout=15).state is JobState.SUCCEEDED
+
+
+def test_retention_removes_old_finished_jobs_with_their_files(make_worker):
+    worker = make_worker(retention_hours=1.0)
+    job_id = submit(worker)
+    finished(worker, job_id)
+    with write_transaction(worker.store.engine) as conn:
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
+                     .values(finished_at=worker.store.clock() - timedelta(hours=2)))
+    wait_for(lambda: worker.store.get(job_id) is None, 10, "the old job to be purged")
+    wait_for(lambda: not worker.files.job_dir(job_id).exists(), 10, "its files to go")
+
+
+def test_leftover_uploads_and_orphan_job_dirs_are_swept(make_worker):
+    worker = make_worker()
+    upload = worker.files.uploads / "dead.part"
+    orphan = worker.files.jobs / "orphan-job"
+    upload.write_bytes(b"half an upload")
+    orphan.mkdir()
+    fresh = worker.files.uploads / "arriving.part"  # an upload in progress right now
+    fresh.write_bytes(b"the first bytes")
+    for path in (upload, orphan):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert worker.reaper.run_once(sweep=True).leftovers == 2
+    assert not upload.exists() and not orphan.exists() and fresh.exists()
+
+
+def _expire_lease(store: JobStore, job_id: str) -> None:
+    with write_transaction(store.engine) as conn:
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
+                     .values(lease_expires_at=store.clock() - timedelta(seconds=1)))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

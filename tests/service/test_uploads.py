@@ -1,0 +1,128 @@
+"""Streaming the multipart upload to disk: the cap is enforced while reading, and nothing is left behind."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+from app.problems import ProblemError
+from app.uploads import clean_filename, receive_upload
+
+BOUNDARY = "mirserve-test-boundary"
+CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+def multipart(*parts: tuple[str, bytes, str | None], close: bool = True) -> bytes:
+    body = b""
+    for name, data, filename in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + data + b"\r\n"
+    return body + (f"--{BOUNDARY}--\r\n".encode() if close else b"")
+
+
+class Body:
+    """An async body that counts how much of itself was read."""
+
+    def __init__(self, data: bytes, chunk: int = 64 * 1024):
+        self.chunks = [data[i:i + chunk] for i in range(0, len(data), chunk)]
+        self.read = 0
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            self.read += 1
+            yield chunk
+
+
+def receive(body: bytes | Body, tmp_path, max_bytes=1 << 20, content_type=CONTENT_TYPE, declare_length=False):
+    stream = body if isinstance(body, Body) else Body(body, chunk=7)  # tiny chunks split every boundary
+    length = str(sum(len(c) for c in stream.chunks)) if declare_length else None
+    return asyncio.run(receive_upload(content_type, length, stream.__aiter__(), tmp_path / "uploads", max_bytes))
+
+
+def refused(tmp_path, body, **kwargs) -> ProblemError:
+    with pytest.raises(ProblemError) as raised:
+        receive(body, tmp_path, **kwargs)
+    assert list((tmp_path / "uploads").glob("*")) == [], "a refused upload left a file behind"
+    return raised.value
+
+
+def test_model_is_written_with_its_sha256_and_the_fields_are_kept(tmp_path):
+    model = os.urandom(100_000)
+    upload = receive(multipart(("places", b"arm/fp16/nhwc", None), ("model", model, "det.onnx"),
+                               ("options", b'{"opt_level": 1}', None)), tmp_path)
+    assert upload.path.read_bytes() == model and upload.bytes == len(model)
+    assert upload.sha256 == hashlib.sha256(model).hexdigest()
+    assert upload.fields == {"places": "arm/fp16/nhwc", "options": '{"opt_level": 1}'}
+    assert upload.filename == "det.onnx"
+
+
+def test_an_upload_over_the_cap_is_refused_while_streaming_and_leaves_nothing(tmp_path):
+    body = Body(multipart(("model", b"\0" * (10 << 20), "big.onnx")))
+    error = refused(tmp_path, body, max_bytes=1 << 20)
+    assert error.status == 413 and error.field == "model" and "1 MiB" in error.detail
+    assert body.read <= 20, f"read {body.read} of {len(body.chunks)} chunks before refusing"
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_reading(tmp_path):
+    body = Body(multipart(("model", b"\0" * (4 << 20), "big.onnx")))
+    assert refused(tmp_path, body, max_bytes=1 << 20, declare_length=True).status == 413
+    assert body.read == 0
+
+
+def test_a_body_that_is_not_multipart_is_415(tmp_path):
+    error = refused(tmp_path, b"{}", content_type="application/json")
+    assert error.status == 415 and "multipart/form-data" in error.detail
+
+
+@pytest.mark.parametrize("body, content_type, status, field", [
+    (multipart(("model", b"abc", "m.onnx")), "multipart/form-data", 400, None),  # no boundary
+    (multipart(("model", b"abc", "m.onnx"), close=False), CONTENT_TYPE, 400, None),  # cut short
+    (multipart(("places", b"x86", None)), CONTENT_TYPE, 422, "model"),
+    (multipart(("model", b"", "m.onnx")), CONTENT_TYPE, 422, "model"),
+    (multipart(("model", b"a", "m.onnx"), ("model", b"b", "n.onnx")), CONTENT_TYPE, 422, "model"),
+    (multipart(("model", b"a", "m.onnx"), ("color", b"red", None)), CONTENT_TYPE, 422, "color"),
+    (multipart(("options", b"x" * (65 * 1024), None), ("model", b"a", "m.onnx")), CONTENT_TYPE, 413, "options"),
+    (multipart(("places", b"\xff\xfe", None), ("model", b"a", "m.onnx")), CONTENT_TYPE, 422, "places"),
+], ids=["no-boundary", "truncated", "no-model", "empty-model", "two-models", "unknown-field", "huge-field",
+        "not-utf8"])
+def test_malformed_forms_are_refused_naming_the_problem(tmp_path, body, content_type, status, field):
+    error = refused(tmp_path, body, content_type=content_type)
+    assert (error.status, error.field) == (status, field), error.detail
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("../../etc/passwd", "passwd"), ("C:\\models\\det.onnx", "det.onnx"), ('a"b\r\n.onnx', "a_b_.onnx"),
+    ("", "model.onnx"), ("..", "model.onnx"),
+])
+def test_client_file_names_are_reduced_to_safe_base_names(given, expected):
+    assert clean_filename(given) == expected
+
+
+def test_a_client_that_goes_away_mid_upload_leaves_nothing(tmp_path):
+    from starlette.requests import ClientDisconnect
+
+    async def body():
+        yield multipart(("model", b"\0" * 100_000, "m.onnx"))[:50_000]
+        raise ClientDisconnect()
+
+    with pytest.raises(ProblemError) as raised:
+        asyncio.run(receive_upload(CONTENT_TYPE, None, body(), tmp_path / "uploads", 1 << 20))
+    assert raised.value.status == 400 and raised.value.slug == "upload-interrupted"
+    assert list((tmp_path / "uploads").glob("*")) == []
+
+
+def test_bad_fields_sent_before_the_model_are_refused_before_the_model_is_read(tmp_path):
+    def check(fields):
+        if fields.get("places") == "tpu":
+            raise ProblemError(422, "invalid-option", "bad target 'tpu'", field="places")
+
+    body = Body(multipart(("places", b"tpu", None), ("model", b"\0" * (4 << 20), "m.onnx")))
+    with pytest.raises(ProblemError) as raised:
+        asyncio.run(receive_upload(CONTENT_TYPE, None, body.__aiter__(), tmp_path / "uploads", 8 << 20, check))
+    assert raised.value.field == "places" and body.read == 1
+    assert list((tmp_path / "uploads").glob("*")) == []
+    good = Body(multipart(("places", b"x86", None), ("model", b"\1" * 1000, "m.onnx")))
+    upload = asyncio.run(receive_upload(CONTENT_TYPE, None, good.__aiter__(), tmp_path / "uploads", 8 << 20, check))
+    assert upload.bytes == 1000
