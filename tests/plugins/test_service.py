@@ -84,3 +84,18 @@ def test_a_job_asking_for_the_broken_plugins_pipeline_fails_with_its_error(serve
     assert response.json()["detail"].startswith(
         f"unknown pipeline 'broken_pipeline'; it comes from plugin {server.broken}, which failed to load: "
         f"ModuleNotFoundError: No module named 'no_such_module_for_mirserve'")
+
+
+def test_the_service_commands_take_plugin_files_too(tmp_path, monkeypatch):
+    from app.cli import add_service_commands
+    from worker.cli import build_parser, load_plugins
+    from worker.plugins.loader import PLUGINS
+
+    path = write_plugin(tmp_path, "p.py", "from worker.plugins import register_target\nregister_target('tpu9')\n")
+    parser, commands = build_parser()
+    add_service_commands(commands)
+    for command in ("serve", "api", "worker"):
+        assert parser.parse_args([command, "--plugin", str(path)]).plugins == [str(path)]
+    load_plugins(parser.parse_args(["serve", "--plugin", str(path)]))
+    assert [(r.origin, r.found_by, r.status) for r in PLUGINS.records] == [(str(path), "--plugin", "loaded")]
+
