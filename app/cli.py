@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Sequence
 
 from worker.cli import add_plugin_argument, build_parser
+from worker.process import die_with_parent
 from worker.cli import main as engine_main
 
 log = logging.getLogger("mirserve.serve")
 RESTART_DELAY_SECONDS = 1.0
 WORKER_STOP_SECONDS = 15.0
-PR_SET_PDEATHSIG = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,11 +178,7 @@ def _child_env() -> dict[str, str]:
 
 def _stop_with_parent(parent_pid: int) -> None:
     """An embedded worker gets SIGTERM (a clean stop) when the serving process dies, however it dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent_pid:
+    if not die_with_parent(parent_pid, signal.SIGTERM):
         raise SystemExit("the serving process is gone; not starting a worker")
 
 

@@ -25,6 +25,9 @@ class JobArtifact(BaseModel):
     bytes: int
     sha256: str = Field(description="also the artifact's strong ETag")
     url: str
+    data_url: str | None = Field(None, description="a model over 2 GB keeps its weights in a second file: "
+                                                   "save it beside the model under the name its "
+                                                   "Content-Disposition gives")
 
 
 class JobError(BaseModel):
@@ -40,6 +43,7 @@ class JobSummary(BaseModel):
     nodes_after: int | None = None
     bytes_before: int | None = None
     bytes_after: int | None = None
+    external_data: bool | None = Field(None, description="the weights are in a second file (artifact.data_url)")
     passes_run: int | None = None
     rewrites: int | None = None
     places: list[str] | None = None

@@ -29,8 +29,9 @@ def verify(reference: str, candidate: str, *, input_shapes: Mapping[str, Sequenc
     Returns the verification report; when the input model itself cannot run on onnxruntime, nothing can
     be proven, and the report says so with ``passed`` None and the reason under ``skipped``.
     """
-    request = {"reference": str(reference), "candidate": str(candidate), "runs": runs, "rtol": rtol,
-               "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in (input_shapes or {}).items()}}
+    request = {"parent_pid": os.getpid(), "reference": str(reference), "candidate": str(candidate),
+               "runs": runs, "rtol": rtol, "atol": atol, "seed": seed,
+               "shapes": {k: list(v) for k, v in (input_shapes or {}).items()}}
     started = time.perf_counter()
     try:
         child = subprocess.run([sys.executable, "-m", "worker.numeric"], input=json.dumps(request),
@@ -148,7 +149,12 @@ def _child(request: dict) -> dict:
 
 
 def main() -> None:
-    print(json.dumps(_child(json.loads(sys.stdin.read()))))
+    from worker.process import die_with_parent
+
+    request = json.loads(sys.stdin.read())
+    if not die_with_parent(request["parent_pid"]):  # whoever asked is gone: nobody will read the answer
+        sys.exit(1)
+    print(json.dumps(_child(request)))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,23 @@ def test_a_report_without_memory_estimates_answers_memory_with_404(client, setti
     assert client.get(job["links"]["trace"]).status_code == 200
 
 
+def test_a_model_over_2_gb_serves_its_external_weights_too(client, settings):
+    plain, big = post_model(client).json(), post_model(client).json()
+    job_worker = JobWorker(settings.job_config)
+    _script(job_worker, big["id"], {"external_data": True})  # before any worker runs: no race
+    job_worker.start()
+    try:
+        plain, big = wait_done(client, plain["id"]), wait_done(client, big["id"])
+    finally:
+        job_worker.stop(timeout=5)
+    assert plain["artifact"]["data_url"] is None and plain["summary"]["external_data"] is False
+    assert_problem(client.get(plain["links"]["artifact"] + "/data"), 404)
+    assert big["summary"]["external_data"] is True
+    data = client.get(big["artifact"]["data_url"])
+    assert data.status_code == 200 and data.content == b"weights" * 100
+    assert 'filename="model.onnx.data"' in data.headers["content-disposition"]
+
+
 def _script(job_worker: JobWorker, job_id: str, options: dict) -> None:
     """Replace a queued job's stored options: the scripted engine reads its script from them."""
     from worker.jobs.db import write_transaction

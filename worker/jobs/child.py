@@ -12,19 +12,18 @@ Run as ``python -m worker.jobs.child`` with the job spec as JSON on stdin.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
 import resource
-import signal
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from worker.process import die_with_parent
+
 SPEC_LIMIT = 1 << 20
-PR_SET_PDEATHSIG = 1
 #: Exit codes the runner understands; anything else (or a signal) means the process died.
 EXIT_OK, EXIT_JOB_FAILED = 0, 1
 #: How allocation failures read in the messages of numpy, onnxruntime and the C++ runtime.
@@ -82,11 +81,8 @@ def describe_error(error: BaseException, memory_bytes: int) -> dict[str, Any]:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to kill us when the runner dies, so no engine process outlives its lease."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    """Be killed when the runner dies, so no engine process outlives its lease."""
+    if not die_with_parent(parent_pid):  # the parent died before the request took effect
         os._exit(EXIT_JOB_FAILED)
 
 
