@@ -225,15 +225,25 @@ def test_a_pass_named_like_another_plugins_filter_is_refused(tmp_path, monkeypat
     assert "one_filter" not in REGISTRY and FILTERS.get("one_filter").info.origin == str(first)
 
 
-def test_a_registration_that_bypasses_the_plugin_api_is_refused_and_removed(tmp_path, monkeypatch):
+def test_registrations_through_the_engines_own_apis_name_the_plugin(tmp_path, monkeypatch):
     path = write_plugin(tmp_path, "direct.py", """
         from worker.passes.pipelines import Pipeline, register_pipeline
-        register_pipeline(Pipeline(name="sneaky", description="d", steps=("type_inference",)))
+        register_pipeline(Pipeline(name="direct_pipeline", description="d", steps=("type_inference",)))
         """)
     (entry,) = load_path(monkeypatch, path)
-    assert entry["error"] == ("it registered pipeline 'sneaky' with origin 'built-in'; register it through "
-                              "worker.plugins.register_pipeline or pipeline_builder so that it names this plugin")
-    assert get_pipeline("sneaky") is None
+    assert entry["status"] == "loaded" and entry["provides"] == {"pipelines": ["direct_pipeline"]}
+    assert get_pipeline("direct_pipeline").origin == entry["origin"]
+
+
+def test_a_registration_that_claims_to_be_built_in_is_refused_and_removed(tmp_path, monkeypatch):
+    path = write_plugin(tmp_path, "liar.py", """
+        from worker.places import register_target
+        register_target("sneaky", origin="built-in")
+        """)
+    (entry,) = load_path(monkeypatch, path)
+    assert entry["error"] == ("it registered target 'sneaky' with origin 'built-in'; register it through "
+                              "worker.plugins.register_target so that it names this plugin")
+    assert "sneaky" not in {t.name for t in places.all_targets()}
 
 
 def test_kernels_added_under_another_origin_are_refused_and_removed_without_touching_that_origin(tmp_path,

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 import worker
 from worker import domain, places
 from worker.kernels import default_table
+from worker.origin import registering_as
 from worker.passes import pipelines
 from worker.passes.registry import REGISTRY
 from worker.plugins.discovery import FILES_VARIABLE, Source, discover, path_sources
@@ -61,45 +62,22 @@ _THROUGH = {"pipelines": "register_pipeline or pipeline_builder", "targets": "re
             "ops": "register_op", "kernels": "register_kernels"}
 
 
+_UNREGISTER = {"passes": REGISTRY.remove, "filters": FILTERS.remove,
+               "pipelines": lambda name: pipelines.unregister_pipeline(name, force=True),
+               "targets": lambda name: places.unregister_target(name, force=True),
+               "ops": lambda name: domain.unregister_op(name, force=True),
+               "kernels": lambda kernel_id: default_table().remove(kernel_id)}
+
+
 def _remove(kind: str, name: str) -> None:
-    if kind == "passes":
-        REGISTRY.remove(name)
-    elif kind == "filters":
-        FILTERS.remove(name)
-    elif kind == "kernels":
-        _remove_kernels([name])
-    elif kind in _THROUGH:
-        table, unregister = {"pipelines": (pipelines._PIPELINES, pipelines.unregister_pipeline),
-                             "targets": (places._TARGETS, places.unregister_target),
-                             "ops": (domain._OPS, domain.unregister_op)}[kind]
-        unregister(name)
-        # The hooks keep built-ins; an entry a plugin registered without its origin only claims to be one.
-        table.pop(name, None)
-
-
-def _remove_kernels(ids: Iterable[str]) -> None:
-    """The table removes by origin: do that when every kernel of an origin goes, else entry by entry."""
-    table = default_table()
-    doomed: dict[str, set[str]] = {}
-    for kernel_id in ids:
-        kernel = table.get(kernel_id)
-        if kernel is not None:
-            doomed.setdefault(kernel.registered_by, set()).add(kernel_id)
-    for origin, kernel_ids in doomed.items():
-        if {k.id for k in table if k.registered_by == origin} == kernel_ids:
-            table.remove_origin(origin)
-        else:  # entries filed under an origin that also has others: take out just these
-            for kernel_id in kernel_ids:
-                kernel = table._by_id.pop(kernel_id)
-                table._by_op[(kernel.op, kernel.domain)].remove(kernel)
+    """Undo one registration through its registry's own hook. Only names the plugin's load created reach
+    here (a before/after comparison), so even one that claims to be built-in is removed."""
+    _UNREGISTER[kind](name)
 
 
 def _forget(provides: dict[str, list[str]], modules: Iterable[str]) -> None:
     """Remove what a plugin registered, and its modules, so that loading it again runs it again."""
     for kind, names in provides.items():
-        if kind == "kernels":
-            _remove_kernels(names)
-            continue
         for name in names:
             _remove(kind, name)
     for module in modules:
@@ -153,7 +131,7 @@ class Plugins:
         before = _registered()
         error = None
         try:
-            with REGISTRY.origin(source.origin):
+            with registering_as(source.origin):
                 source.load()
         except (Exception, SystemExit) as exc:  # a plugin must not take the CLI or the service down
             error = describe(exc, source.origin if source.key.startswith("file:") else None)
