@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from worker.cli import build_parser
+from worker.cli import add_plugin_argument, build_parser
 from worker.process import die_with_parent
 from worker.cli import main as engine_main
 
@@ -48,6 +48,7 @@ def add_service_commands(commands) -> None:
         else:
             cmd.add_argument("--concurrency", type=int, help="overrides MIRSERVE_WORKER_CONCURRENCY")
             cmd.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+        add_plugin_argument(cmd)
         cmd.set_defaults(func=func)
     cmd = commands.add_parser("openapi", help="print the service's OpenAPI document")
     cmd.add_argument("-o", "--output", help="write it to this file instead")

@@ -25,6 +25,9 @@ class JobArtifact(BaseModel):
     bytes: int
     sha256: str = Field(description="also the artifact's strong ETag")
     url: str
+    data_url: str | None = Field(None, description="a model over 2 GB keeps its weights in a second file: "
+                                                   "save it beside the model under the name its "
+                                                   "Content-Disposition gives")
 
 
 class JobError(BaseModel):
@@ -40,6 +43,7 @@ class JobSummary(BaseModel):
     nodes_after: int | None = None
     bytes_before: int | None = None
     bytes_after: int | None = None
+    external_data: bool | None = Field(None, description="the weights are in a second file (artifact.data_url)")
     passes_run: int | None = None
     rewrites: int | None = None
     places: list[str] | None = None
@@ -110,6 +114,53 @@ class PassInfo(BaseModel):
     position: int | None
 
 
+class FilterInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    kind: str = Field(description="filter, pre_callback or post_callback")
+    description: str
+    level: int
+    origin: str = Field(description="the plugin file, or the package and entry point, that registered it")
+    stage: str = Field(description="the filter stage pass that runs it")
+    priority: int | None = Field(None, description="filters only: lower runs first")
+    binds: str | None = Field(None, description="filters only: the op type, or every node")
+
+
+class FilterBand(BaseModel):
+    name: str
+    priorities: list[int] = Field(description="lowest and highest priority of the band")
+    stage: str
+    runs: str
+
+
+class PipelineInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str
+    origin: str
+    passes: list[str] | None = Field(description="none when the pipeline chooses its passes per run")
+
+
+class PluginInfo(BaseModel):
+    origin: str
+    found_by: str = Field(description="MIRSERVE_PLUGIN_PATH, entry point or --plugin")
+    status: Literal["loaded", "failed"]
+    error: str | None = Field(description="why it failed to load; nothing it registered is kept")
+    provides: dict[str, list[str]] = Field(description="what it registered (or tried to), by kind")
+
+
+class PassCatalog(BaseModel):
+    """What the engine can run: passes, plugin filters and callbacks, pipelines, and every plugin found."""
+
+    passes: list[PassInfo]
+    filters: list[FilterInfo]
+    filter_bands: list[FilterBand]
+    pipelines: list[PipelineInfo]
+    plugins: list[PluginInfo]
+
+
 class KernelInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -141,6 +192,8 @@ class Check(BaseModel):
 class Readiness(BaseModel):
     status: Literal["ready"]
     checks: dict[str, Check]
+    plugins: list[PluginInfo] = Field(default_factory=list, description="every plugin found; one that failed "
+                                      "is listed with its error and does not make the service unready")
 
 
 class Liveness(BaseModel):

@@ -146,7 +146,9 @@ def job_out(job: Job) -> JobOut:
                                total=job.progress_total)
     artifact = None
     if job.state is JobState.SUCCEEDED and job.artifact_sha256:
-        artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact")
+        external = bool((job.summary or {}).get("external_data"))
+        artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact",
+                               data_url=f"{base}/artifact/data" if external else None)
     error = JobError(type=job.error_type, message=job.error_message or "",
                      field=job.error_field) if job.error_type else None
     return JobOut(
@@ -166,6 +168,15 @@ def artifact_file(services: Services, job: Job) -> Path:
     path = services.files.artifact_path(job.id, job.artifact_attempt)
     if not path.is_file():
         raise ProblemError(404, "artifact-missing", "the job's artifact is missing from storage", job_id=job.id)
+    return path
+
+
+def artifact_data_file(services: Services, job: Job) -> Path:
+    _require_succeeded(job, "artifact")
+    path = services.files.artifact_data_path(job.id, job.artifact_attempt)
+    if not path.is_file():
+        raise ProblemError(404, "no-external-data", "the job's model keeps its weights inside the model file; "
+                                                    "it has no external data", job_id=job.id)
     return path
 
 

@@ -41,7 +41,7 @@ def test_opt_level_0_writes_a_valid_bit_identical_model(path, tmp_path, capsys):
 
 def test_passes_lists_every_registered_pass(capsys):
     assert main(["passes", "--json"]) == 0
-    passes = json.loads(capsys.readouterr().out)
+    passes = json.loads(capsys.readouterr().out)["passes"]
     by_name = {p["name"]: p for p in passes}
     assert by_name["type_inference"] | {"description": ""} == {
         "name": "type_inference", "kind": "stmt", "description": "", "level": 0, "targets": None,

@@ -19,24 +19,24 @@ from worker.passes.analysis.type_inference import apply_input_shapes
 from worker.passes.pipelines import all_pipelines, get_pipeline, pass_names
 from worker.kernels import default_table
 from worker.places import Precision, ValidPlaces, all_targets, parse_places
+from worker.plugins import catalog
+from worker.plugins.loader import PLUGINS
 
-__all__ = ["OptimizeOptions", "list_passes", "list_pipelines", "list_targets", "optimize", "validate_options"]
+__all__ = ["OptimizeOptions", "list_all", "list_filters", "list_passes", "list_pipelines", "list_plugins",
+           "list_targets", "optimize", "validate_options"]
 
 Progress = Callable[[int, int, str], None]
 
 
 def validate_options(options: OptimizeOptions) -> ValidPlaces:
-    """Every check that needs no model: types and ranges, places, pipeline and pass names."""
+    """Every check that needs no model: types and ranges, places, pipeline, pass and filter names.
+
+    Plugins are loaded first; a name missing because its plugin failed to load fails with that plugin's error.
+    """
     options.check_types()
+    PLUGINS.ensure_loaded()  # before the places: a plugin may add a target
     places = parse_places(options.places, host_fallback=options.host_fallback)
-    pipeline = get_pipeline(options.pipeline)
-    if pipeline is None:
-        known = ", ".join(p.name for p in all_pipelines())
-        raise OptionsError(f"unknown pipeline {options.pipeline!r}; known pipelines: {known}", field="pipeline")
-    for name in options.disabled_passes:
-        if name not in REGISTRY:
-            raise OptionsError(f"unknown pass {name!r} in disabled_passes; `mirserve passes` lists them",
-                               field="disabled_passes")
+    catalog.check_options(options)
     return places
 
 
@@ -91,6 +91,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
         "trace": trace,
         "verification": verification,
         "memory": None,  # filled by the memory_plan pass when the pipeline runs it
+        "plugins": catalog.list_plugins(),
     }
     report.update(ctx.report)
     report["seconds"] = round(time.perf_counter() - started, 3)
@@ -109,6 +110,7 @@ def _support_report(ctx: PassContext, manager: PassManager, before: dict, places
 
 def list_targets() -> list[dict[str, Any]]:
     """Every registered target with its memory, the source of its kernel table, and its kernels."""
+    PLUGINS.ensure_loaded()
     table = default_table()
     found = []
     for target in all_targets():
@@ -124,10 +126,28 @@ def list_targets() -> list[dict[str, Any]]:
 
 def list_passes() -> list[dict[str, Any]]:
     """Every registered pass with its metadata and its position in the default pipeline (1-based)."""
+    PLUGINS.ensure_loaded()
     default = get_pipeline("default")
     order = {name: i for i, name in enumerate(pass_names(default.steps), start=1)}
     return [{**p.info.to_dict(), "position": order.get(p.name)} for p in REGISTRY]
 
 
 def list_pipelines() -> list[dict[str, Any]]:
+    PLUGINS.ensure_loaded()
     return [p.to_dict() for p in all_pipelines()]
+
+
+def list_filters() -> list[dict[str, Any]]:
+    """Plugin filters in run order, then pre- and post-callbacks, each with its origin and stage."""
+    return catalog.list_filters()
+
+
+def list_plugins() -> list[dict[str, Any]]:
+    """Every plugin found (path, entry point, --plugin), loaded or failed with its error."""
+    return catalog.list_plugins()
+
+
+def list_all() -> dict[str, Any]:
+    """What ``mirserve passes --json`` prints and the service's pass listing serves."""
+    return {"passes": list_passes(), "filters": list_filters(), "filter_bands": catalog.list_bands(),
+            "pipelines": list_pipelines(), "plugins": list_plugins()}

@@ -24,6 +24,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any]:
         prog="mirserve", description="Optimize ONNX models for target places (target/precision/layout).")
     parser.add_argument("--version", action="version", version=f"mirserve {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    add_plugin_argument(parser, dest="plugins_global")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_optimize(commands)
     _add_passes(commands)
@@ -65,6 +66,7 @@ def _add_optimize(commands) -> None:
                      help="draw live bytes per step of each memory arena, peak marked, as an SVG")
     cmd.add_argument("--report", metavar="REPORT.json", help="write the JSON report here")
     cmd.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_plugin_argument(cmd)
     cmd.set_defaults(func=run_optimize)
 
 
@@ -75,9 +77,29 @@ def _add_targets(commands) -> None:
 
 
 def _add_passes(commands) -> None:
-    cmd = commands.add_parser("passes", help="list every registered pass")
-    cmd.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    cmd = commands.add_parser("passes", help="list every pass, filter, pipeline and plugin")
+    cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_plugin_argument(cmd)
     cmd.set_defaults(func=run_passes)
+
+
+def add_plugin_argument(parser: argparse.ArgumentParser, dest: str = "plugins") -> None:
+    """``--plugin FILE`` (repeatable), on the program and on each command that runs the engine."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE.py", dest=dest,
+                        help="load this plugin file too (repeatable; MIRSERVE_PLUGIN_PATH and installed "
+                             "packages' mirserve.plugins entry points are always loaded)")
+
+
+def load_plugins(args: argparse.Namespace) -> None:
+    """Load every plugin; one that fails is reported (here, or in `mirserve passes`) and the run goes on."""
+    from worker.plugins.loader import PLUGINS
+
+    PLUGINS.add_files([*getattr(args, "plugins_global", []), *getattr(args, "plugins", [])])
+    PLUGINS.ensure_loaded()
+    if getattr(args, "func", None) is not run_passes:
+        for record in PLUGINS.failures():
+            print(f"mirserve: warning: plugin {record.origin} failed to load, so its passes, filters and "
+                  f"pipelines are unavailable: {record.error}", file=sys.stderr)
 
 
 def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
@@ -197,20 +219,49 @@ def run_targets(args: argparse.Namespace) -> int:
 
 
 def run_passes(args: argparse.Namespace) -> int:
-    from worker.api import list_passes
+    from worker.api import list_all
 
-    passes = list_passes()
+    everything = list_all()
     if args.json:
-        print(json.dumps(passes, indent=2))
+        print(json.dumps(everything, indent=2))
         return 0
     rows = [("POS", "NAME", "KIND", "LEVEL", "TARGETS", "ORIGIN", "DESCRIPTION")]
-    for p in sorted(passes, key=lambda p: (p["position"] is None, p["position"] or 0, p["name"])):
+    for p in sorted(everything["passes"], key=lambda p: (p["position"] is None, p["position"] or 0, p["name"])):
         rows.append((str(p["position"] or "-"), p["name"], p["kind"], str(p["level"]),
                      ",".join(p["targets"]) if p["targets"] else "any", p["origin"], p["description"]))
+    _print_table(rows)
+    _print_plugin_tables(everything)
+    return 0
+
+
+def _print_plugin_tables(everything: dict[str, Any]) -> None:
+    bands = ", ".join(f"{b['name']} {b['priorities'][0]}-{b['priorities'][1]} in {b['stage']}"
+                      for b in everything["filter_bands"])
+    print(f"\nFILTERS AND CALLBACKS (priority bands: {bands})")
+    rows = [("PRIORITY", "NAME", "BINDS", "STAGE", "LEVEL", "ORIGIN", "DESCRIPTION")]
+    for f in everything["filters"]:
+        rows.append((str(f.get("priority", "-")), f["name"], f.get("binds") or f["kind"].replace("_", "-"),
+                     f["stage"], str(f["level"]), f["origin"], f["description"]))
+    _print_table(rows, empty="none")
+    print("\nPIPELINES")
+    _print_table([("NAME", "ORIGIN", "DESCRIPTION")] +
+                 [(p["name"], p["origin"], p["description"]) for p in everything["pipelines"]])
+    print("\nPLUGINS")
+    rows = [("STATUS", "FOUND BY", "ORIGIN", "ERROR OR WHAT IT PROVIDES")]
+    for p in everything["plugins"]:
+        provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p["provides"].items())
+        rows.append((p["status"], p["found_by"], p["origin"], p["error"] if p["error"] else provides))
+    _print_table(rows, empty="none (MIRSERVE_PLUGIN_PATH, mirserve.plugins entry points, --plugin FILE)")
+
+
+def _print_table(rows: list[tuple[str, ...]], empty: str = "") -> None:
+    """Columns padded to their widest cell; the last column is left ragged. Only ``empty`` without rows."""
+    if len(rows) == 1 and empty:
+        print(empty)
+        return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    return 0
 
 
 def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
@@ -218,6 +269,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
         parser, _ = build_parser()
     args = parser.parse_args(argv)
     try:
+        load_plugins(args)
         return args.func(args)
     except MirserveError as exc:
         if args.debug or os.environ.get("MIRSERVE_DEBUG"):

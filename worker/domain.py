@@ -6,10 +6,13 @@ model uses, and only those, built for the model's default opset.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from onnx import AttributeProto, FunctionProto, NodeProto, helper
+
+from worker.origin import BUILT_IN, current_origin
 
 if TYPE_CHECKING:
     from worker.ir.model import Model
@@ -46,6 +49,9 @@ _OPS: dict[str, DomainOp] = {}
 
 
 def register_op(op: DomainOp) -> DomainOp:
+    """Define a domain op; one defined while a plugin loads is that plugin's (``worker.origin``)."""
+    if op.origin == BUILT_IN and current_origin() != BUILT_IN:
+        op = dataclasses.replace(op, origin=current_origin())
     existing = _OPS.get(op.name)
     if existing is not None and existing is not op:
         raise ValueError(f"{DOMAIN} op {op.name!r} is already defined by {existing.origin}")
@@ -53,9 +59,10 @@ def register_op(op: DomainOp) -> DomainOp:
     return op
 
 
-def unregister_op(name: str) -> None:
+def unregister_op(name: str, *, force: bool = False) -> None:
+    """Remove an op a plugin defined; built-in ops stay unless ``force`` (see ``places.unregister_target``)."""
     op = _OPS.get(name)
-    if op is not None and op.origin != "built-in":
+    if op is not None and (force or op.origin != BUILT_IN):
         del _OPS[name]
 
 

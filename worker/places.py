@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 from onnx import TensorProto
 
 from worker.errors import PlaceError
+from worker.origin import current_origin
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,10 @@ _TARGETS: dict[str, Target] = {}
 
 
 def register_target(name: str, *, memory_space: str | None = None, description: str = "",
-                    origin: str = "built-in") -> Target:
-    """Add a target; ``memory_space`` defaults to its own name (a device with its own memory)."""
+                    origin: str | None = None) -> Target:
+    """Add a target; ``memory_space`` defaults to its own name (a device with its own memory), ``origin`` to
+    whoever is registering (``worker.origin``)."""
+    origin = origin or current_origin()
     if not name or not name.isidentifier() or name != name.lower():
         raise ValueError(f"target name {name!r} must be a lower-case identifier")
     existing = _TARGETS.get(name)
@@ -48,10 +51,11 @@ def register_target(name: str, *, memory_space: str | None = None, description: 
     return target
 
 
-def unregister_target(name: str) -> None:
-    """Remove a target a plugin registered (built-in targets stay)."""
+def unregister_target(name: str, *, force: bool = False) -> None:
+    """Remove a target a plugin registered; built-in targets stay unless ``force`` (undoing a plugin whose
+    registration only claimed to be built-in)."""
     target = _TARGETS.get(name)
-    if target is not None and target.origin != "built-in":
+    if target is not None and (force or target.origin != "built-in"):
         del _TARGETS[name]
 
 

@@ -4,17 +4,18 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.problems import problem_responses
-from app.schemas import PassInfo, TargetInfo
+from app.schemas import PassCatalog, TargetInfo
 
 router = APIRouter(tags=["catalog"])
 
 
-@router.get("/passes", response_model=list[PassInfo], responses=problem_responses())
+@router.get("/passes", response_model=PassCatalog, responses=problem_responses())
 def list_passes():
-    """Every registered pass: kind, level, targets, kernels, origin and position in the default pipeline."""
-    from worker.api import list_passes
+    """Every pass (kind, level, targets, kernels, origin, position in the default pipeline), every plugin
+    filter and callback, every pipeline, and every plugin found, loaded or failed with its error."""
+    from worker.api import list_all
 
-    return list_passes()
+    return list_all()
 
 
 @router.get("/targets", response_model=list[TargetInfo], responses=problem_responses(422))

@@ -22,13 +22,16 @@ def healthz():
 
 @router.get("/readyz", response_model=Readiness, responses=problem_responses(503))
 def readyz(request: Request, services: ServicesDep):
-    """Readiness: the database, the storage, the queue and at least one worker (by its heartbeat)."""
-    checks = jobs.readiness(services)
+    """Readiness: the database, the storage, the queue and at least one worker (by its heartbeat); the plugins
+    found, a failed one with its error (it does not make the service unready)."""
+    from worker.api import list_plugins
+
+    checks, plugins = jobs.readiness(services), list_plugins()
     if all(c["ok"] for c in checks.values()):
-        return Readiness(status="ready", checks=checks)
+        return Readiness(status="ready", checks=checks, plugins=plugins)
     failing = ", ".join(name for name, c in checks.items() if not c["ok"])
     return problem_response(request, 503, slug="not-ready", detail=f"not ready: {failing}", checks=checks,
-                            headers={"Retry-After": "5"})
+                            plugins=plugins, headers={"Retry-After": "5"})
 
 
 @router.get("/metrics", response_class=PlainTextResponse,

@@ -53,6 +53,18 @@ def get_artifact(job: JobDep, services: ServicesDep,
     return FileResponse(path, media_type=ONNX_MEDIA_TYPE, filename=f"{stem}.opt.onnx", headers={"ETag": etag})
 
 
+@router.get("/{job_id}/artifact/data", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The external weights of a model over 2 GB."},
+                       **problem_responses(404, 409)})
+def get_artifact_data(job: JobDep, services: ServicesDep):
+    """The weights of a model too big for one protobuf (over 2 GB), which the model names as
+    `model.onnx.data`: save this file under that name beside the downloaded model. 404 when the model keeps
+    its weights inside."""
+    path = jobs.artifact_data_file(services, job)
+    return FileResponse(path, media_type="application/octet-stream", filename=path.name)
+
+
 def _matches(if_none_match: str, etag: str) -> bool:
     """RFC 9110 If-None-Match: weak comparison over a list of tags, or '*'."""
     tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]

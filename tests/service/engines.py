@@ -30,8 +30,14 @@ def scripted(model_path, output_path, options, progress):
         raise RuntimeError("a bug in the fake engine")
     shutil.copyfile(model_path, output_path)
     size = os.path.getsize(output_path)
+    external = None
+    if options.get("external_data"):  # as the engine writes a model over 2 GB
+        external = output_path + ".data"
+        with open(external, "wb") as data:
+            data.write(b"weights" * 100)
     report = {
-        "model": {"input": {"nodes": 2, "bytes": size}, "output": {"nodes": 1, "bytes": size}},
+        "model": {"input": {"nodes": 2, "bytes": size},
+                  "output": {"nodes": 1, "bytes": size, "external_data": external}},
         "places": [options.get("places", "x86/fp32/nchw")],
         "trace": [{"pass": f"fake_pass_{i + 1}", "rewrites": 1, "skipped": False} for i in range(passes)],
         "verification": {"passed": True, "runs": 1, "rtol": 1e-5, "atol": 1e-6,

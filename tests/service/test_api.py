@@ -124,6 +124,23 @@ def test_a_report_without_memory_estimates_answers_memory_with_404(client, setti
     assert client.get(job["links"]["trace"]).status_code == 200
 
 
+def test_a_model_over_2_gb_serves_its_external_weights_too(client, settings):
+    plain, big = post_model(client).json(), post_model(client).json()
+    job_worker = JobWorker(settings.job_config)
+    _script(job_worker, big["id"], {"external_data": True})  # before any worker runs: no race
+    job_worker.start()
+    try:
+        plain, big = wait_done(client, plain["id"]), wait_done(client, big["id"])
+    finally:
+        job_worker.stop(timeout=5)
+    assert plain["artifact"]["data_url"] is None and plain["summary"]["external_data"] is False
+    assert_problem(client.get(plain["links"]["artifact"] + "/data"), 404)
+    assert big["summary"]["external_data"] is True
+    data = client.get(big["artifact"]["data_url"])
+    assert data.status_code == 200 and data.content == b"weights" * 100
+    assert 'filename="model.onnx.data"' in data.headers["content-disposition"]
+
+
 def _script(job_worker: JobWorker, job_id: str, options: dict) -> None:
     """Replace a queued job's stored options: the scripted engine reads its script from them."""
     from worker.jobs.db import write_transaction
@@ -282,7 +299,7 @@ def test_metrics_are_prometheus_text_with_jobs_requests_and_latency(client):
 def test_passes_and_targets_come_from_the_engine(client):
     from worker.api import list_passes, list_targets
 
-    assert [p["name"] for p in client.get("/passes").json()] == [p["name"] for p in list_passes()]
+    assert [p["name"] for p in client.get("/passes").json()["passes"]] == [p["name"] for p in list_passes()]
     expected = {t["name"]: t for t in list_targets()}
     targets = {t["name"]: t for t in client.get("/targets").json()}
     assert targets.keys() == expected.keys() and {"host", "x86", "arm"} <= targets.keys()

@@ -32,7 +32,7 @@ def server(tmp_path_factory):
 def passes(server):
     response = server.client.get("/passes")
     assert response.status_code == 200
-    return {p["name"]: p for p in response.json()}
+    return {p["name"]: p for p in response.json()["passes"]}
 
 
 def assert_problem(response, status: int, field: str | None = None) -> dict:

@@ -44,6 +44,10 @@ class JobFiles:
     def artifact_path(self, job_id: str, attempt: int) -> Path:
         return self.attempt_dir(job_id, attempt) / "model.onnx"
 
+    def artifact_data_path(self, job_id: str, attempt: int) -> Path:
+        """The external weights the engine writes beside a model too big for one protobuf (over 2 GB)."""
+        return self.artifact_path(job_id, attempt).with_name("model.onnx.data")
+
     def report_path(self, job_id: str, attempt: int) -> Path:
         return self.attempt_dir(job_id, attempt) / "report.json"
 

@@ -20,6 +20,7 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
         "nodes_after": after.get("nodes"),
         "bytes_before": before.get("bytes"),
         "bytes_after": after.get("bytes"),
+        "external_data": bool(after.get("external_data")),
         "passes_run": sum(1 for t in trace if not t.get("skipped")),
         "rewrites": sum(int(t.get("rewrites") or 0) for t in trace),
         "places": report.get("places"),

@@ -71,12 +71,19 @@ class KernelTable:
                                        f"register it with worker.places.register_target first") from None
         return kernel
 
+    def remove(self, kernel_id: str) -> bool:
+        """Drop one kernel (a plugin's, when the plugin is undone); False when there is no such kernel."""
+        kernel = self._by_id.pop(kernel_id, None)
+        if kernel is None:
+            return False
+        self._by_op[(kernel.op, kernel.domain)].remove(kernel)
+        return True
+
     def remove_origin(self, origin: str) -> int:
         """Drop every kernel a plugin registered under ``origin``; returns how many."""
-        removed = [k for k in self._by_id.values() if k.registered_by == origin]
-        for kernel in removed:
-            del self._by_id[kernel.id]
-            self._by_op[(kernel.op, kernel.domain)].remove(kernel)
+        removed = [k.id for k in self._by_id.values() if k.registered_by == origin]
+        for kernel_id in removed:
+            self.remove(kernel_id)
         return len(removed)
 
     def load_file(self, path: Path) -> list[Kernel]:

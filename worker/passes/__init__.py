@@ -12,6 +12,7 @@ from worker.passes import place  # noqa: E402,F401  (registration)
 from worker.passes.memory import memory_plan  # noqa: E402,F401  (registration)
 from worker.passes import fold  # noqa: E402,F401  (registration)
 from worker.passes import eliminate  # noqa: E402,F401  (registration)
+from worker.plugins import stages  # noqa: E402,F401  (the filter stages of plugins)
 
 __all__ = ["FixedPoint", "Pass", "PassContext", "PassInfo", "PassKind", "PassManager", "PassResult",
            "Pipeline", "REGISTRY", "get_pipeline", "register_pass"]

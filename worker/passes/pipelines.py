@@ -5,8 +5,11 @@ plugin offers a pipeline that picks its passes per job.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
+
+from worker.origin import BUILT_IN, current_origin
 
 if TYPE_CHECKING:
     from worker.options import OptimizeOptions
@@ -101,10 +104,13 @@ DEFAULT = Pipeline(
     description="type inference, graph rewrites, kernel pick per place, casts, memory plan",
     steps=(
         "type_inference",
+        "filter_pre",  # plugin filters of priority 0-199 (worker/plugins/filters.py has the bands)
         *SUPPORT,
-        FixedPoint("simplify", SIMPLIFY, max_iterations=8),
+        FixedPoint("simplify", SIMPLIFY + ("filter_simplify",), max_iterations=8),
         *DOMAIN_FUSE,
+        "filter_domain",
         *PLACE,
+        "filter_post",
         *MEMORY,
     ),
 )
@@ -119,6 +125,9 @@ _PIPELINES: dict[str, Pipeline] = {p.name: p for p in (DEFAULT, ANALYSIS)}
 
 
 def register_pipeline(pipeline: Pipeline) -> Pipeline:
+    """Add a pipeline; one added while a plugin loads is that plugin's (``worker.origin``)."""
+    if pipeline.origin == BUILT_IN and current_origin() != BUILT_IN:
+        pipeline = dataclasses.replace(pipeline, origin=current_origin())
     existing = _PIPELINES.get(pipeline.name)
     if existing is not None:
         raise ValueError(f"pipeline {pipeline.name!r} from {pipeline.origin} clashes with the pipeline of the "
@@ -127,9 +136,10 @@ def register_pipeline(pipeline: Pipeline) -> Pipeline:
     return pipeline
 
 
-def unregister_pipeline(name: str) -> None:
+def unregister_pipeline(name: str, *, force: bool = False) -> None:
+    """Remove a plugin's pipeline; built-in ones stay unless ``force`` (see ``places.unregister_target``)."""
     pipeline = _PIPELINES.get(name)
-    if pipeline is not None and pipeline.origin != "built-in":
+    if pipeline is not None and (force or pipeline.origin != BUILT_IN):
         del _PIPELINES[name]
 
 

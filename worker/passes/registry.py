@@ -1,16 +1,15 @@
 """The one registry of passes: built-in passes register on import, plugins register through the same door."""
 from __future__ import annotations
 
-import contextlib
 from typing import Iterable, Iterator
 
+from worker.origin import current_origin, registering_as
 from worker.passes.base import Pass, PassFunction, PassInfo, PassKind
 
 
 class PassRegistry:
     def __init__(self) -> None:
         self._passes: dict[str, Pass] = {}
-        self._origin = "built-in"
 
     def __iter__(self) -> Iterator[Pass]:
         return iter(self._passes.values())
@@ -30,18 +29,13 @@ class PassRegistry:
     def names(self) -> list[str]:
         return list(self._passes)
 
-    @contextlib.contextmanager
     def origin(self, origin: str):
-        """Attribute every registration made inside the block to ``origin`` (a plugin file or package)."""
-        previous, self._origin = self._origin, origin
-        try:
-            yield
-        finally:
-            self._origin = previous
+        """Attribute every registration made inside the block to ``origin`` (see ``worker.origin``)."""
+        return registering_as(origin)
 
     @property
     def current_origin(self) -> str:
-        return self._origin
+        return current_origin()
 
     def add(self, info: PassInfo, run: PassFunction) -> Pass:
         existing = self._passes.get(info.name)

@@ -26,7 +26,7 @@ def test_the_written_model_records_kernels_places_and_how_it_was_made(tmp_path):
         assert props.get("mirserve.kernel") and props.get("mirserve.place"), node.name
     meta = {p.key: p.value for p in model.metadata_props}
     assert meta["mirserve.valid_places"] == "arm/fp16/nhwc,arm/fp32/nchw,host/fp16/nhwc,host/fp32/nchw"
-    assert meta["mirserve.pipeline"].startswith("default: type_inference,support_check,")
+    assert meta["mirserve.pipeline"].startswith("default: type_inference,filter_pre,support_check,")
     assert "static_kernel_pick,variable_place_inference,type_target_cast" in meta["mirserve.pipeline"]
     used = {n.op_type for n in model.graph.node if n.domain == "mirserve"}
     assert used == {f.name for f in model.functions} >= {"calib", "layout", "NhwcConv"}
