@@ -4,7 +4,8 @@ Greedy by size (TFLite's arena planner; Pisarchyk & Lee 2020) places buffers one
 goes into the smallest gap, among the buffers already placed that are live at the same time, that holds it,
 else on top of them. The order decides the result, and no single order wins on every graph, so like XLA and
 ExecuTorch the planner runs several (largest first, longest-lived first, largest size x lifetime first) and
-keeps the smallest arena, stopping early once one reaches the lower bound since nothing can beat that. On
+keeps the smallest arena, stopping early once one reaches the lower bound since nothing can beat that; when
+none does, the buffers that set the top of the best arena are placed first and the rest again. On
 the rare graph where Paddle-Lite's name-order clustering beats all of them, its layout is kept instead, so
 the arena is never above the figure it is compared with.
 Ties are broken by first step then buffer id, so the same buffers always give the same plan.
@@ -26,6 +27,9 @@ SortKey = Callable[[Buffer], tuple]
 
 #: The name of the fallback layout, the Paddle-Lite clustering itself, when it beats every ordering.
 PADDLE_LITE_CLUSTERS = "paddle_lite_clusters"
+
+#: Rounds of promoting the buffers on top of the arena to the front of the best ordering (``_promote_top``).
+PROMOTION_ROUNDS = 4
 
 #: The orderings tried, in this order; on equal arenas the earlier one is kept.
 ORDERINGS: dict[str, SortKey] = {
@@ -97,16 +101,43 @@ def plan_arena(space: str, buffers: Iterable[Buffer], steps: int | None = None,
 
 def _best_greedy(buffers: Sequence[Buffer], orderings: Sequence[str],
                  lower_bound: int) -> tuple[int, str, list[Placement]]:
-    """The smallest greedy arena over ``orderings``, stopping at the first that reaches the lower bound."""
+    """The smallest greedy arena over ``orderings``, stopping at the first that reaches the lower bound;
+    above it, the best ordering is improved by promoting the buffers that set the top (``_promote_top``)."""
     best: tuple[int, str, list[Placement]] = (0, orderings[0], [])
+    best_order: list[Buffer] = []
     for index, name in enumerate(orderings):
         ordered = sorted(buffers, key=ORDERINGS[name])
         offsets, arena = place_in_order(ordered)
         if index == 0 or arena < best[0]:
             best = (arena, name, [Placement(b, o) for b, o in zip(ordered, offsets)])
+            best_order = ordered
+        if arena <= lower_bound:
+            return best
+    return _promote_top(best, best_order, lower_bound)
+
+
+def _promote_top(best: tuple[int, str, list[Placement]], ordered: list[Buffer],
+                 lower_bound: int) -> tuple[int, str, list[Placement]]:
+    """Iterated greedy: place the buffers that reach the top of the arena first, and place again.
+
+    A buffer greedy placed late lands on top when the earlier ones left it no gap, though a gap would have
+    been left had it gone first (two phases of a graph whose large buffers sit at the same offsets, each with
+    a small long-lived buffer that overlaps the other's at one step). Each round keeps a strictly smaller
+    arena; at most ``PROMOTION_ROUNDS`` rounds, as many placements as the orderings above.
+    """
+    arena, name, placements = best
+    for _ in range(PROMOTION_ROUNDS):
         if arena <= lower_bound:
             break
-    return best
+        top = {p.buffer.id for p in placements if p.offset + p.buffer.size == arena}
+        candidate = [b for b in ordered if b.id in top] + [b for b in ordered if b.id not in top]
+        offsets, size = place_in_order(candidate)
+        if size >= arena:
+            break
+        arena, ordered = size, candidate
+        name = f"{best[1]}+promoted"
+        placements = [Placement(b, o) for b, o in zip(candidate, offsets)]
+    return arena, name, placements
 
 
 def plan_spaces(buffers: Iterable[Buffer], steps: int | None = None,
