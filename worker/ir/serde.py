@@ -377,10 +377,15 @@ def save_model(model: Model, path: str | os.PathLike, *, protobuf_limit: int = P
     return SaveInfo(path, size, data_path)
 
 
+#: Initializers up to this size keep their contents in a model written for shape inference.
+INFERENCE_BYTES = 1024
+
+
 def model_to_proto(model: Model, *, with_weights: bool = True, value_info: bool = True) -> onnx.ModelProto:
     """The whole model as one ModelProto (in memory: for small models, checks and tests).
 
-    Without weights, large initializers are declared by type only, which is what shape inference needs.
+    Without weights, initializers over ``INFERENCE_BYTES`` are declared by type only: shape inference needs
+    the contents of the small ones (a Reshape's target shape), the types of the rest.
     """
     writer = _Writer(model, value_info)
     proto = writer.model_proto()
@@ -388,7 +393,7 @@ def model_to_proto(model: Model, *, with_weights: bool = True, value_info: bool 
     for chunk in writer.initializer_chunks():
         if chunk.full is not None:
             proto.graph.initializer.append(chunk.full)
-        elif with_weights:
+        elif with_weights or len(chunk.payload) <= INFERENCE_BYTES:
             tensor = proto.graph.initializer.add()
             tensor.CopyFrom(chunk.header)
             tensor.raw_data = bytes(chunk.payload)

@@ -2,15 +2,21 @@
 the dims they read, partially known shapes included.
 
     x:[N,3,224,224] -> Shape -> Slice(1:) -> s -> Reshape(y, s)    becomes    s = [3, 224, 224] (initializer)
+    x:[N,C,?,?] -> Shape -> Slice(:1) -> Concat(., [-1]) -> Reshape(x, .)    becomes    Reshape(x, [0, -1])
 
 Each 1-D integer tensor of a shape computation is tracked element by element as known (an int) or not
 (a symbolic or unknown dim), through Shape (with start/end), Size, Gather, Slice, Concat, Squeeze,
 Unsqueeze, Cast to an integer type, Identity, Add, Sub, Mul and Div. A value whose every element is known
 becomes an initializer under its own name where something other than this tracking reads it; the nodes that
-computed it go away once unused. Constant folding takes the chain from there. Exact.
+computed it go away once unused. Constant folding takes the chain from there.
+
+An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
+whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
+Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion). Exact.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +24,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from worker.ir import Graph, Node, Value
+from worker.passes.analysis.type_inference import type_inference
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.common import axes_of, int_list, remove_dead, replace_with_constant
 from worker.passes.eliminate.forward import is_attached
@@ -28,17 +35,28 @@ MAX_TRACKED = 64
 INTEGER_TYPES = {TensorProto.INT64, TensorProto.INT32}
 
 
+@dataclass(frozen=True, eq=False)
+class DimOf:
+    """An element not known offline that is dim ``index`` of ``value``'s shape."""
+
+    value: Value
+    index: int
+
+
+Item = int | DimOf | None
+
+
 @dataclass(frozen=True)
 class Partial:
-    """An integer scalar or vector whose elements are known (int) or not (None)."""
+    """An integer scalar or vector whose elements are known (int) or not (a DimOf, or None)."""
 
-    items: tuple[int | None, ...]
+    items: tuple[Item, ...]
     scalar: bool = False
     dtype: int = TensorProto.INT64
 
     @property
     def complete(self) -> bool:
-        return None not in self.items
+        return all(isinstance(x, int) for x in self.items)
 
     def array(self) -> np.ndarray:
         data = np.array(self.items, dtype=helper.tensor_dtype_to_np_dtype(self.dtype))
@@ -52,7 +70,8 @@ def _shape(node: Node, get: Lookup, opset: int) -> Partial | None:
     shape = node.input(0).shape
     if shape is None:
         return None
-    dims = [d if isinstance(d, int) else None for d in shape]
+    data = node.input(0)
+    dims = [d if isinstance(d, int) else DimOf(data, i) for i, d in enumerate(shape)]
     return Partial(tuple(dims[node.attr("start", 0):node.attr("end")]))
 
 
@@ -151,7 +170,7 @@ def _arithmetic(node: Node, get: Lookup, opset: int) -> Partial | None:
     n = max(len(a), len(b))
     a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
     fn = ARITHMETIC[node.op_type]
-    items = tuple(None if x is None or y is None else fn(x, y) for x, y in zip(a, b))
+    items = tuple(fn(x, y) if isinstance(x, int) and isinstance(y, int) else None for x, y in zip(a, b))
     items = tuple(x if x is None or -2**63 <= x < 2**63 else None for x in items)
     return Partial(items, scalar=left.scalar and right.scalar, dtype=left.dtype)
 
@@ -213,6 +232,7 @@ def replace(graph: Graph, value: Value, partial: Partial) -> list[str]:
                            "partially known shapes too")
 def eliminate_shape_op(ctx: PassContext) -> PassResult:
     result = PassResult()
+    refined = False
     for graph in list(ctx.graph.all_graphs()):
         if not is_attached(graph, ctx.graph):
             continue
@@ -226,4 +246,50 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 continue
             names = replace(graph, value, partial)
             result.rewrote({"rule": "eliminate_shape_op", "from": names, "to": []})
+        for reshape in graph.nodes_of_type("Reshape"):
+            shape = _copying_shape(reshape, known)
+            if shape is not None:
+                old = reshape.input(1)
+                reshape.set_input(1, graph.add_initializer(f"{reshape.name}_shape", shape))
+                if reshape.output(0).shape is None:  # inference could not read the computed shape
+                    reshape.output(0).shape = _reshaped(reshape.input(0).shape, shape)
+                    refined = True
+                names = remove_dead(graph, old.producer) if old.producer is not None else []
+                result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
+    if refined:  # what follows a Reshape of newly known rank was untyped: infer it now, once
+        result.data["reinferred"] = type_inference(ctx).data.get("static")
     return result
+
+
+def _reshaped(source, shape: np.ndarray):
+    """The output shape of a Reshape of ``source`` to ``shape`` (0: copy, -1: the rest); None dims unknown."""
+    if source is None:
+        return None
+    copied = {i for i, d in enumerate(shape) if d == 0}
+    out: list = [source[i] if i in copied else int(d) for i, d in enumerate(shape)]
+    if -1 in shape:
+        rest = _product(d for i, d in enumerate(source) if i not in copied)
+        given = _product(d for i, d in enumerate(out) if i not in copied and d != -1)
+        out[list(shape).index(-1)] = rest // given if rest is not None and given and rest % given == 0 else None
+    return tuple(out)
+
+
+def _product(dims) -> int | None:
+    dims = list(dims)
+    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
+
+
+def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
+    """The constant shape of ``reshape`` with 0 for each dim it copies from its own input, or None."""
+    data, partial = reshape.input(0), known.get(reshape.input(1))
+    if partial is None or partial.complete or partial.scalar or reshape.attr("allowzero", 0) != 0:
+        return None
+    items = []
+    for position, item in enumerate(partial.items):
+        if isinstance(item, DimOf) and item.value is data and item.index == position:
+            items.append(0)
+        elif isinstance(item, int):
+            items.append(item)
+        else:
+            return None
+    return np.array(items, dtype=np.int64)
