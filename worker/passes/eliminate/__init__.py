@@ -1,6 +1,7 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
 Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one) and pairs that collapse (Transposes,
-Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op). Registered on import."""
+Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs around
+data movement. Registered on import."""
 from worker.passes.eliminate import (  # noqa: F401  (registration)
     consecutive_reshapes,
     consecutive_transposes,
@@ -18,6 +19,7 @@ from worker.passes.eliminate import (  # noqa: F401  (registration)
     nop_split,
     nop_transpose,
     pooling_1x1,
+    qdq_data_movement,
     reshape_before_binaryop,
     squeeze_unsqueeze,
 )
