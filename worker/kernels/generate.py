@@ -26,7 +26,8 @@ from typing import Any, Iterable
 from onnx import defs
 
 from worker.kernels import ports as P
-from worker.kernels.ops import ACTIVATIONS, NHWC_ARITY, NHWC_PREFIX, NHWC_SLOTS, is_layout_agnostic, nhwc_slots
+from worker.kernels.ops import (ACTIVATIONS, NHWC_ARITY, NHWC_PREFIX, NHWC_SLOTS, QLINEAR_FORMS, is_layout_agnostic,
+                                nhwc_slots, qlinear_form)
 from worker.kernels.schema import ANY, SAME, Port
 from worker.kernels.table import DATA_DIR
 
@@ -176,7 +177,10 @@ def _host_own_spec() -> dict:
     return {
         "ops": [{"domain": OWN, "ops": ["ChannelShuffle", *_all_fused()], "precisions": ["any"],
                  "types": ["bfloat16", "double", "float", "float16"],
-                 "origin": "runs the op's function body (standard ops) with the reference kernels"}],
+                 "origin": "runs the op's function body (standard ops) with the reference kernels"},
+                {"domain": OWN, "ops": [f.name for f in QLINEAR_FORMS.values()], "precisions": ["int8"],
+                 "origin": "runs the op's function body (DequantizeLinear, the float op, QuantizeLinear) with "
+                           "the reference kernels"}],
         "casts": {"io_copy": "host memory", "calib": ["fp32>fp16", "fp16>fp32", "fp32>int8", "int8>fp32"],
                   "origin": "reference Identity / Cast / QuantizeLinear / DequantizeLinear / Transpose"},
     }
@@ -249,6 +253,13 @@ def _x86_own_spec() -> dict:
              "origin": "onnxruntime com.microsoft.FusedConv CPU kernel (Clip covers Relu6)"},
             {"domain": OWN, "ops": [f"FusedGemm{a}" for a in acts], "precisions": ["fp32"],
              "origin": "onnxruntime com.microsoft.FusedGemm CPU kernel (Clip covers Relu6)"},
+            {"domain": OWN, "ops": ["QLinearConv", "QLinearMatMul"], "precisions": ["int8"],
+             "origin": "onnxruntime QLinearConv / QLinearMatMul CPU kernels (the float bias quantized to int32)"},
+            {"domain": OWN, "ops": ["QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSigmoid",
+                                    "QLinearSoftmax"],
+             "precisions": ["int8"],
+             "origin": "onnxruntime com.microsoft QLinearAdd / QLinearMul / QLinearGlobalAveragePool / "
+                       "QLinearSigmoid / QLinearSoftmax CPU kernels"},
         ],
         "casts": {"io_copy": "host memory", "calib": ["fp32>fp16", "fp16>fp32", "fp32>int8", "int8>fp32"],
                   "origin": "onnxruntime CPU Cast, QuantizeLinear, DequantizeLinear and Transpose kernels"},
@@ -325,6 +336,10 @@ def _own_signature(op: str) -> tuple[list[str], list[str], set[int]]:
     """Formal inputs, outputs and optional input slots of an own-domain op."""
     if op == "ChannelShuffle":
         return ["X"], ["Y"], set()
+    form = qlinear_form(op)
+    if form is not None:
+        inputs = list(form.inputs)
+        return inputs, [form.output], {len(inputs) - 1} if form.bias else set()
     for base, inputs, optional in (("FusedConvTranspose", ["X", "W", "B"], {2}), ("FusedConv", ["X", "W", "B"], {2}),
                                    ("FusedGemm", ["A", "B", "C"], {2}), ("FusedMatMul", ["A", "B"], set()),
                                    ("FusedAdd", ["A", "B"], set())):
@@ -344,8 +359,9 @@ def own_domain_entries(target: str, spec: dict) -> list[dict]:
                     raise ValueError(f"{target}: {op} has no NHWC form")
                 follows_in = slots[0] if slots else range(len(names))
                 follows_out = slots[1] if slots else range(len(outputs))
-                inputs = [Port(n, SAME, SAME if i in follows_in else "nchw", optional=i in optional)
-                          for i, n in enumerate(names)]
+                form = qlinear_form(op)
+                inputs = [Port(n, form.input_precision(i) if form else SAME, SAME if i in follows_in else "nchw",
+                               optional=i in optional) for i, n in enumerate(names)]
                 outs = [Port(n, SAME, SAME if i in follows_out else "nchw") for i, n in enumerate(outputs)]
                 for precision in row["precisions"]:
                     out.append(entry(op, OWN, 1, None, precision, kernel_layout(op, OWN, layout), inputs,

@@ -7,10 +7,55 @@ an NHWC kernel needs its data and weights transposed.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from worker.kernels.schema import SAME
+
 ACTIVATIONS = ("Relu", "Relu6", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Silu", "Gelu", "Tanh")
 
 #: The fused ops issue 3 emits in the project's domain, by base op.
 FUSED_BASES = ("FusedConv", "FusedConvTranspose", "FusedGemm", "FusedMatMul", "FusedAdd")
+
+
+
+@dataclass(frozen=True)
+class QLinearForm:
+    """The own-domain op that DequantizeLinear -> ``op`` -> QuantizeLinear becomes (qlinear_fuse).
+
+    Its inputs follow onnxruntime's QLinear kernels: each 8-bit operand with its scale and zero point, then
+    the output's scale and zero point, then (Conv) an optional float bias. Scales and the bias are float32;
+    operands and zero points are 8-bit, so the kernel computes in int8.
+    """
+
+    op: str
+    operands: tuple[str, ...]
+    output: str
+    bias: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"QLinear{self.op}"
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        names = [f"{n}{suffix}" for n in self.operands for suffix in ("", "_scale", "_zero_point")]
+        return (*names, f"{self.output}_scale", f"{self.output}_zero_point", *(("B",) if self.bias else ()))
+
+    def input_precision(self, slot: int) -> str:
+        """``same`` (the kernel's int8) for operands and zero points, ``fp32`` for scales and the bias."""
+        is_bias = self.bias and slot == len(self.inputs) - 1
+        return "fp32" if is_bias or self.inputs[slot].endswith("_scale") else SAME
+
+
+QLINEAR_FORMS: dict[str, QLinearForm] = {f.op: f for f in (
+    QLinearForm("Conv", ("x", "w"), "y", bias=True),
+    QLinearForm("MatMul", ("a", "b"), "y"),
+    QLinearForm("Add", ("A", "B"), "C"),
+    QLinearForm("Mul", ("A", "B"), "C"),
+    QLinearForm("GlobalAveragePool", ("X",), "Y"),
+    QLinearForm("Sigmoid", ("X",), "Y"),
+    QLinearForm("Softmax", ("X",), "Y"),  # over the last axis
+)}
 
 #: Ops whose result element i depends only on element i of each (broadcast) operand: layout-agnostic as
 #: long as every operand of rank 4 shares the layout (QuantizeLinear / DequantizeLinear with per-tensor
@@ -82,3 +127,8 @@ def nhwc_slots(op: str, domain: str) -> tuple[tuple[int, ...], tuple[int, ...]] 
 
 def fused_op_names() -> list[str]:
     return [f"{base}{act}" for base in FUSED_BASES for act in ACTIVATIONS]
+
+
+def qlinear_form(op: str) -> QLinearForm | None:
+    """The quantized form named ``op`` (``QLinearAdd``), or None."""
+    return QLINEAR_FORMS.get(op.removeprefix("QLinear")) if op.startswith("QLinear") else None

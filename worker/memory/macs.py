@@ -3,7 +3,8 @@
 Counts come from shapes alone: a convolution does one MAC per output element per weight element of its
 filter slice, a transposed convolution one per input element per weight element of its slice, Gemm and
 MatMul one per output element per element of the reduced dimension. Bias adds and activations are not MACs.
-The fused ops of the ``mirserve`` domain (``FusedConvRelu`` and friends) count as the op they wrap.
+The fused ops of the ``mirserve`` domain (``FusedConvRelu`` and friends) count as the op they wrap, and its
+quantized forms ``QLinearConv`` / ``QLinearMatMul`` as the standard ops of those names.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def base_op(op_type: str, domain: str) -> str | None:
     if domain in ("", "ai.onnx"):
         return op_type if op_type in STANDARD_COUNTERS else None
     if domain == "mirserve":
+        if op_type in ("QLinearConv", "QLinearMatMul"):  # the standard QLinear inputs, the bias after them
+            return op_type
         for prefix, base in FUSED_PREFIXES:
             if op_type.startswith(prefix):
                 return base

@@ -2,4 +2,4 @@
 
 Level 2 and skipped with ``--portable``. Importing the package defines the ops and registers the passes.
 """
-from worker.passes.domain import activation_fuse, channel_shuffle, ops  # noqa: F401  (registration)
+from worker.passes.domain import activation_fuse, channel_shuffle, ops, qlinear  # noqa: F401  (registration)

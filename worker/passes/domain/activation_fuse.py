@@ -65,7 +65,7 @@ def _same_pads(node: Node, attrs: dict, upper: bool) -> list[int] | str:
     return begins + ends
 
 
-def _conv_attributes(node: Node, transpose: bool) -> dict | str:
+def conv_attributes(node: Node, transpose: bool) -> dict | str:
     base = BASES["ConvTranspose" if transpose else "Conv"]
     refusal = _unknown_attributes(node, set(base.attributes) | {"auto_pad", "kernel_shape", "output_shape"})
     if refusal:
@@ -115,7 +115,7 @@ def _output_channels(weight: Value, transpose: bool, group: int) -> int | None:
 
 def _plan(node: Node, base: Base) -> Plan | str:
     if base.name in ("Conv", "ConvTranspose"):
-        attrs = _conv_attributes(node, transpose=base.name == "ConvTranspose")
+        attrs = conv_attributes(node, transpose=base.name == "ConvTranspose")
         if isinstance(attrs, str):
             return attrs
         plan = Plan([node.input(0), node.input(1), node.input(2)], attrs)

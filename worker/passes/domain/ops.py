@@ -13,6 +13,9 @@ For the same reason every input is always passed (a zero bias for a conv without
     FusedAdd<Act>(A, B) -> C
     ChannelShuffle(X) -> Y                 group: X [N, C, ...] seen as [N, group, C/group, ...], the two
                                            group axes swapped, and read back in X's shape
+    QLinear<Op>(operands with scales and zero points, output scale and zero point[, B]) -> 8-bit result
+                                           DequantizeLinear of each operand, <Op>, QuantizeLinear
+                                           (worker.kernels.ops.QLINEAR_FORMS lists the ops and inputs)
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Callable
 from onnx import AttributeProto
 
 from worker.domain import DomainOp, get_op, ref, register_op
+from worker.kernels.ops import QLINEAR_FORMS, QLinearForm
 from worker.passes.domain.activations import ACTIVATIONS, Activation
 from worker.passes.domain.body import BodyBuilder, UnsupportedOpset
 
@@ -60,6 +64,29 @@ def _fused_body(base: Base, activation: Activation, body: BodyBuilder) -> None:
     refs = tuple(ref(name, name, kind) for name, kind in base.attributes.items())
     pre = body.op(base.name, list(base.inputs), refs=refs)
     activation.emit(body, pre, base.output)
+
+
+#: The per-channel axis a quantized form's weight (operand 1) may have; other operands are per-tensor.
+QLINEAR_WEIGHT_AXIS = {"Conv": 0, "MatMul": 1}
+#: Attributes a quantized form carries for its float op (every one written, as for the fused ops).
+QLINEAR_ATTRIBUTES = {"Conv": _CONV}
+#: Attributes a quantized form's body fixes instead. onnx.reference cannot pass a referenced attribute to
+#: Softmax, so QLinearSoftmax is the softmax over the last axis (the same at every opset).
+QLINEAR_FIXED = {"Softmax": {"axis": -1}}
+
+
+def _qlinear_body(form: QLinearForm, body: BodyBuilder) -> None:
+    """DequantizeLinear of each operand, the float op, QuantizeLinear: exactly the nodes it replaces."""
+    body.require(10, form.name)
+    floats = []
+    for index, operand in enumerate(form.operands):
+        axis = QLINEAR_WEIGHT_AXIS.get(form.op) if index == 1 and body.opset >= 13 else None
+        extra = {} if axis is None or axis == 1 else {"axis": axis}  # 1 is DequantizeLinear's default
+        floats.append(body.op("DequantizeLinear", [operand, f"{operand}_scale", f"{operand}_zero_point"], **extra))
+    attributes = QLINEAR_ATTRIBUTES.get(form.op, {})
+    refs = tuple(ref(name, name, kind) for name, kind in attributes.items())
+    result = body.op(form.op, floats + (["B"] if form.bias else []), refs=refs, **QLINEAR_FIXED.get(form.op, {}))
+    body.op("QuantizeLinear", [result, f"{form.output}_scale", f"{form.output}_zero_point"], out=form.output)
 
 
 def _shuffle_body(body: BodyBuilder) -> None:
@@ -108,6 +135,10 @@ def _define_all() -> None:
                     f"{base.name} followed by {activation.name}, run as one kernel")
     _define("ChannelShuffle", ("X",), ("Y",), {"group": None}, _shuffle_body,
             "channel shuffle: Reshape to [N, group, C/group, ...], swap the group axes, Reshape back")
+    for form in QLINEAR_FORMS.values():
+        _define(form.name, form.inputs, (form.output,), {name: None for name in QLINEAR_ATTRIBUTES.get(form.op, {})},
+                lambda body, f=form: _qlinear_body(f, body),
+                f"{form.op} between DequantizeLinear and QuantizeLinear, run as one int8 kernel")
 
 
 @dataclass(frozen=True)
