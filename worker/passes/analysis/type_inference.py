@@ -20,12 +20,16 @@ from worker.evaluate import evaluate
 from worker.ir import Graph, Model, Value, model_to_proto
 from worker.ir.serde import type_from_proto
 from worker.ir.value import Dim, Shape
+from worker.kernels.ops import SHAPE_INPUTS
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.registry import register_pass
 
 #: Largest tensor (in elements) whose value type inference computes to learn shapes.
 MAX_EVALUATED = 4096
 MAX_ROUNDS = 6
+#: Input slots whose values (not only shapes) decide an output's shape.
+VALUE_SHAPED = {**SHAPE_INPUTS, "Loop": frozenset({0, 1}), "If": frozenset({0}), "Compress": frozenset({1}),
+                "NonZero": frozenset({0}), "Upsample": frozenset({1})}
 #: Ops whose output size follows from input values, bounded before evaluating them.
 _SIZED_BY_VALUE = {"ConstantOfShape", "Expand", "Tile", "Range"}
 
@@ -186,11 +190,29 @@ def _trip_count(node, body: Graph, known: dict[str, np.ndarray]) -> int | None:
     return int(np.asarray(data).reshape(-1)[0]) if start_true and passthrough else None
 
 
-def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
-    """Evaluate nodes whose inputs are known and small; returns how many values became known."""
-    learned = 0
+def _shape_sources(graph: Graph) -> set[Value]:
+    """The values some output shape depends on by value: read where an op takes a shape, axes, sizes or a
+    condition, and everything they are computed from. Evaluating anything else (a weight's DequantizeLinear,
+    say) would teach onnx's inference nothing."""
+    needed: set[Value] = set()
     for node in graph:
-        if all(v.name in known or not v.is_used for v in node.outputs):
+        slots = VALUE_SHAPED.get(node.op_type, ()) if node.domain == "" else ()
+        needed.update(node.input(slot) for slot in slots if node.input(slot) is not None)
+    for node in reversed(list(graph)):
+        if node.op_type in ("Shape", "Size") and node.domain == "":
+            continue  # they read their input's shape, not its value
+        if any(v in needed for v in node.outputs) or node.subgraphs():
+            needed.update(v for v in node.inputs if v is not None)
+    return needed
+
+
+def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
+    """Evaluate nodes whose inputs are known and small and whose outputs shapes depend on; returns how many
+    values became known."""
+    learned = 0
+    needed = _shape_sources(graph)
+    for node in graph:
+        if not any(v in needed for v in node.outputs) or all(v.name in known or not v.is_used for v in node.outputs):
             continue
         inputs = _known_inputs(node, known)
         if inputs is None or not _small_enough(node, inputs):
