@@ -154,3 +154,23 @@ def test_load_file_reports_a_missing_field(tmp_path):
     path.write_text("{not json", encoding="utf-8")
     with pytest.raises(KernelTableError, match="cannot read kernel table"):
         KernelTable().load_file(path)
+
+
+def test_a_target_table_is_read_when_a_lookup_first_names_it():
+    from worker.kernels.table import load_tables
+
+    table = load_tables(lazily=True)
+    assert table.kernels("Conv", targets=["x86"])
+    assert {k.target for k in table._by_id.values()} == {"x86"}  # the other five files are not read yet
+    assert table.source("arm") and {k.target for k in table._by_id.values()} == {"arm", "x86"}
+    assert table.targets() == ALL_TARGETS  # seeing the whole table reads the rest
+    assert len(table) == len(load_tables())
+
+
+def test_a_plugin_clashing_with_a_table_not_read_yet_is_still_refused():
+    from worker.kernels.table import load_tables
+
+    table = load_tables(lazily=True)
+    entry = conv_entry(precision="fp32", since=1, until=None)
+    with pytest.raises(KernelTableError, match="arm.json"):
+        table.add([entry], origin="plugin.py", target="arm")

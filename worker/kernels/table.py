@@ -1,5 +1,9 @@
 """The kernel registry: every target's table, loaded once, validated, indexed by (op, domain).
 
+A target's data file is read the first time a lookup names that target (a run for x86 reads x86.json and
+host.json, not the four other tables: a sixth of a small model's run time); anything that sees the whole
+table (iteration, a plugin's ``add``) reads them all first.
+
 The pass manager asks ``has_kernel`` to decide whether a pass bound to a kernel may run; kernel pick asks
 ``kernels`` for the candidates of a node at the model's opset. Plugins extend a table through ``add``, which
 validates like the loader and refuses an entry that claims a kernel some other origin already registered.
@@ -9,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -25,6 +30,24 @@ class KernelTable:
         self._by_op: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
         self._by_id: dict[str, Kernel] = {}
         self._sources: dict[str, str] = {}
+        #: Data files not read yet, by the target they hold (the file's stem).
+        self._pending: dict[str, Path] = {}
+        self._lock = threading.RLock()
+
+    def defer_file(self, path: Path) -> None:
+        """Read ``path`` (``<target>.json``) when a lookup first names its target."""
+        self._pending[Path(path).stem] = Path(path)
+
+    def _load(self, targets: Iterable[str] | None = None) -> None:
+        """Read the deferred files of ``targets`` (None: all of them)."""
+        if not self._pending:
+            return
+        with self._lock:
+            names = list(self._pending) if targets is None else [t for t in targets if t in self._pending]
+            for name in names:
+                path = self._pending.pop(name, None)
+                if path is not None:
+                    self.load_file(path)
 
     # --- filling -------------------------------------------------------------------------------------
     def add(self, entries: Iterable[Kernel | Mapping[str, Any]], *, origin: str, target: str | None = None,
@@ -37,6 +60,11 @@ class KernelTable:
         overlapping opsets) as a registered one, or as another entry of the batch, is refused with both
         origins named.
         """
+        self._load()  # a clash with any registered kernel is refused, so all of them must be here
+        return self._register(entries, origin=origin, target=target, source=source)
+
+    def _register(self, entries: Iterable[Kernel | Mapping[str, Any]], *, origin: str, target: str | None,
+                  source: str | None) -> list[Kernel]:
         kernels = [self._validated(entry, origin, target, index) for index, entry in enumerate(entries)]
         claimed: dict[tuple[str, str], list[Kernel]] = defaultdict(list)
         for kernel in kernels:
@@ -73,6 +101,7 @@ class KernelTable:
 
     def remove(self, kernel_id: str) -> bool:
         """Drop one kernel (a plugin's, when the plugin is undone); False when there is no such kernel."""
+        self._load()
         kernel = self._by_id.pop(kernel_id, None)
         if kernel is None:
             return False
@@ -81,6 +110,7 @@ class KernelTable:
 
     def remove_origin(self, origin: str) -> int:
         """Drop every kernel a plugin registered under ``origin``; returns how many."""
+        self._load()
         removed = [k.id for k in self._by_id.values() if k.registered_by == origin]
         for kernel_id in removed:
             self.remove(kernel_id)
@@ -94,13 +124,18 @@ class KernelTable:
         for key in ("target", "source", "kernels"):
             if key not in data:
                 raise KernelTableError(f"kernel table {path} has no {key!r} field")
-        return self.add(data["kernels"], origin=Path(path).name, target=data["target"], source=data["source"])
+        with self._lock:
+            self._pending.pop(data["target"], None)
+            # one target's file: its kernels can only clash with each other (a slot names its target)
+            return self._register(data["kernels"], origin=Path(path).name, target=data["target"],
+                                  source=data["source"])
 
     # --- lookups -------------------------------------------------------------------------------------
     def kernels(self, op: str, domain: str = "", *, opset: int | None = None,
                 targets: Iterable[str] | None = None) -> list[Kernel]:
         """Candidates for (op, domain), filtered to an opset version and to targets, in table order."""
         wanted = None if targets is None else frozenset(targets)
+        self._load(wanted)
         return [k for k in self._by_op.get((op, domain), ())
                 if (opset is None or k.covers(opset)) and (wanted is None or k.target in wanted)]
 
@@ -109,32 +144,43 @@ class KernelTable:
         return bool(self.kernels(op_type, domain, opset=opset, targets=targets))
 
     def get(self, kernel_id: str) -> Kernel | None:
+        self._load([kernel_id.split(":", 1)[0]])  # an id starts with its target
         return self._by_id.get(kernel_id)
 
     def targets(self) -> list[str]:
+        self._load()
         return sorted({k.target for k in self._by_id.values()})
 
     def by_target(self, target: str) -> list[Kernel]:
+        self._load([target])
         return [k for k in self._by_id.values() if k.target == target]
 
     def source(self, target: str) -> str | None:
+        self._load([target])
         return self._sources.get(target)
 
     def __iter__(self) -> Iterator[Kernel]:
-        return iter(self._by_id.values())
+        self._load()
+        return iter(list(self._by_id.values()))
 
     def __len__(self) -> int:
+        self._load()
         return len(self._by_id)
 
 
-def load_tables(directory: Path = DATA_DIR) -> KernelTable:
+def load_tables(directory: Path = DATA_DIR, *, lazily: bool = False) -> KernelTable:
+    """Every ``<target>.json`` of ``directory``; ``lazily``, each read when its target is first looked up."""
     table = KernelTable()
     for path in sorted(Path(directory).glob("*.json")):
-        table.load_file(path)
+        if lazily:
+            table.defer_file(path)
+        else:
+            table.load_file(path)
     return table
 
 
 @functools.lru_cache(maxsize=1)
 def default_table() -> KernelTable:
-    """The process-wide table: the committed data files, loaded on first use; plugins add to it."""
-    return load_tables()
+    """The process-wide table: the committed data files, each read on first use of its target; plugins add
+    to it."""
+    return load_tables(lazily=True)
