@@ -62,3 +62,18 @@ def test_ops_without_a_kernel_use_onnxruntime_when_asked():
     assert "Erf" not in _KERNELS
     np.testing.assert_allclose(evaluate(made, [F], 17, runtime=True)[0], _onnxruntime(made, [F], 17)[0])
     assert evaluate(node("Mystery", [F]), [F], 17, runtime=True) is None
+
+
+def test_a_batch_runs_in_one_session_and_a_node_it_rejects_gets_none():
+    from worker.evaluate import evaluate_on_onnxruntime
+
+    scale, zero = np.float32(0.02), np.uint8(128)
+    good = node("QuantizeLinear", [F, scale, zero], dtype=TensorProto.UINT8)
+    other = node("QuantizeLinear", [F * 2, scale, zero], dtype=TensorProto.UINT8)
+    bad = node("QuantizeLinear", [F, np.full(7, 0.1, np.float32), np.zeros(7, np.uint8)], dtype=TensorProto.UINT8,
+               axis=1)  # 7 scales for an axis of 4
+    answers = evaluate_on_onnxruntime([(good, [F, scale, zero]), (other, [F * 2, scale, zero]),
+                                       (bad, [F, np.full(7, 0.1, np.float32), np.zeros(7, np.uint8)])], 13)
+    assert answers[2] is None
+    for (made, inputs), answer in zip([(good, [F, scale, zero]), (other, [F * 2, scale, zero])], answers):
+        np.testing.assert_array_equal(answer[0], _onnxruntime(made, inputs, 13)[0])

@@ -13,11 +13,15 @@ with the rounding and saturation the runtime itself would apply. Activations kee
 """
 from __future__ import annotations
 
-from worker.evaluate import evaluate
+from worker.evaluate import evaluate_on_onnxruntime
 from worker.passes.base import PassContext, PassKind, PassResult
 from worker.passes.common import replace_with_constant
 from worker.passes.eliminate.forward import is_attached
 from worker.passes.registry import register_pass
+
+
+#: Float weights quantized in one onnxruntime session at most (a session copies what it is fed).
+CHUNK_BYTES = 64 << 20
 
 
 @register_pass(name="quantize_weight_fold", kind=PassKind.PROGRAM, level=1,
@@ -28,20 +32,37 @@ def quantize_weight_fold(ctx: PassContext) -> PassResult:
     for graph in list(ctx.graph.all_graphs()):
         if not is_attached(graph, ctx.graph):
             continue
+        batch = []
         for node in graph.nodes_of_type("QuantizeLinear"):
             inputs = [None if v is None else v.constant_value() for v in node.inputs]
             if inputs[0] is None or any(a is None for v, a in zip(node.inputs, inputs) if v is not None):
                 continue  # an activation: quantized at run time, as the model says
-            output = node.output()
-            if output.is_graph_output:
+            if node.output().is_graph_output:
                 result.refused("quantize_weight_fold: its output is a graph output")
                 continue
-            computed = evaluate(node, inputs, ctx.opset(), runtime=True)
-            if computed is None:
-                result.refused("quantize_weight_fold: onnxruntime could not quantize the constant")
-                continue
-            # Quantizing keeps the input's shape (onnxruntime answers [1] for a 0-d input).
-            replace_with_constant(graph, output, computed[0].reshape(inputs[0].shape))
-            graph.remove_node(node)
-            result.rewrote({"rule": "quantize_weight_fold", "from": [node.name], "to": []})
+            batch.append((node, inputs))
+        for chunk in _chunks(batch):
+            for (node, inputs), computed in zip(chunk, evaluate_on_onnxruntime(chunk, ctx.opset())):
+                if computed is None:
+                    result.refused("quantize_weight_fold: onnxruntime could not quantize the constant")
+                    continue
+                # Quantizing keeps the input's shape (onnxruntime answers [1] for a 0-d input).
+                replace_with_constant(graph, node.output(), computed[0].reshape(inputs[0].shape))
+                graph.remove_node(node)
+                result.rewrote({"rule": "quantize_weight_fold", "from": [node.name], "to": []})
     return result
+
+
+def _chunks(batch: list) -> list[list]:
+    """Runs of the batch whose float weights add up to at most ``CHUNK_BYTES`` (one when a weight is larger),
+    so that one session never holds a copy of many weights."""
+    chunks: list[list] = []
+    size = CHUNK_BYTES
+    for item in batch:
+        nbytes = item[1][0].nbytes
+        if size + nbytes > CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(item)
+        size += nbytes
+    return chunks
