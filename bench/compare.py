@@ -12,6 +12,7 @@ Usage: python bench/compare.py [--only NAME ...] [--no-peers] [--markdown BENCHM
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -323,7 +324,8 @@ NOTES = [
     "Wall s: every tool runs in its own child process, timed as `peers.py` times the peers: from after "
     "`import onnx` to the written file, the tool's own imports included. `(process s)` is the whole mirserve "
     "or load+save child, interpreter start included. mirserve runs with `--no-verify`. With `--repeat N` "
-    "every tool runs N times, interleaved, and the table shows the median (peak RSS: the largest).",
+    "every tool runs N times, interleaved, and the table shows the median (peak RSS: the largest). The "
+    "script compiles mirserve's bytecode first, as pip compiled the peers' when it installed them.",
     "Peak RSS: each child's own maximum resident set (wait4 for mirserve and load+save, getrusage in the child "
     "for the peers). Linux carries a process's high-water mark across exec, so a child reports at least the "
     "memory of the process that started it: this script never loads a model itself, but peers.py loads and "
@@ -372,6 +374,10 @@ def main() -> None:
         parser.error(f"the model corpus is not at {args.corpus}: pass --corpus or set MIRSERVE_CORPUS")
     if not args.no_peers and not args.peers_script.is_file():
         parser.error(f"peers.py is not at {args.peers_script}: pass --peers-script or --no-peers")
+    # An installed mirserve has its bytecode compiled, as pip compiles the peers' at install time; a checkout
+    # run with PYTHONDONTWRITEBYTECODE set would compile every module again in every child.
+    for package in ("worker", "app"):
+        compileall.compile_dir(str(REPO / package), quiet=1)
     models = [m for m in all_models(args.corpus, args.big_model) if not args.only or m.name in args.only]
     if any(m.name == BIG for m in models):
         ensure_big_model(args.big_model)
