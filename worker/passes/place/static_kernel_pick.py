@@ -29,13 +29,24 @@ TOP = 3
 
 
 def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portable: bool = False,
-                   fits: dict | None = None) -> tuple[list[tuple[Scored, object]], list[str]]:
-    """Applicable candidates best first (each with its Q/DQ sandwich or None) and the refusals."""
+                   fits: dict | None = None, ranks: dict | None = None
+                   ) -> tuple[list[tuple[Scored, object]], list[str]]:
+    """Applicable candidates best first (each with its Q/DQ sandwich or None) and the refusals.
+
+    ``ranks`` remembers the ranking of each distinct (op, facts) within one pass: a model repeats the same
+    few node signatures hundreds of times, and ranking depends on nothing else.
+    """
     table = default_table()
     fits = {} if fits is None else fits
     facts = node_facts(node, opset, current)
-    kernels = table.kernels(node.op_type, node.domain, opset=opset, targets=places.targets)
-    scored, refused = rank(kernels, facts, places)
+    key = _rank_key(facts)
+    if ranks is not None and key is not None and key in ranks:
+        scored, refused = ranks[key]
+    else:
+        kernels = table.kernels(node.op_type, node.domain, opset=opset, targets=places.targets)
+        scored, refused = rank(kernels, facts, places)
+        if ranks is not None and key is not None:
+            ranks[key] = scored, refused
     found = [(s, None) for s in scored]
     reasons = [reason for _, reason in refused]
     sandwich = qdq.find(node)
@@ -54,6 +65,21 @@ def candidates_for(node: Node, opset: int, places: ValidPlaces, current, portabl
     # equal scores: the user's place order, then the float form before the quantized one, then table order
     kept.sort(key=lambda pair: (-pair[0].score, pair[0].place_index, pair[1] is not None, pair[0].order))
     return kept, reasons
+
+
+def _rank_key(facts) -> tuple | None:
+    """``facts`` without the node's name, hashable; None when an attribute value is not (a tensor)."""
+    try:
+        attributes = tuple(sorted((k, _frozen(v)) for k, v in facts.attributes.items()))
+        key = (facts.op, facts.domain, facts.opset, facts.inputs, facts.outputs, attributes)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 def _form_refusal(item: Scored, node: Node, opset: int, portable: bool, fits: dict) -> str | None:
@@ -114,10 +140,10 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
     result = PassResult()
     current: dict[Value, tuple] = {}
     failures: dict[str, dict] = {}
-    portable, fits = ctx.options.portable, {}
+    portable, fits, ranks = ctx.options.portable, {}, {}
     for node in ctx.graph:
         opset = node_opset(ctx.model.opset, node)
-        ranked, reasons = candidates_for(node, opset, ctx.places, current, portable, fits)
+        ranked, reasons = candidates_for(node, opset, ctx.places, current, portable, fits, ranks)
         if not ranked:
             entry = failures.setdefault(node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
                                         {"nodes": [], "reasons": reasons[:4]})
