@@ -71,21 +71,26 @@ def _node_proto(node: Node, inputs: Sequence[np.ndarray | None]):
 
 def _onnxruntime(node: Node, inputs: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     """Run the node as a one-node model on onnxruntime's CPU provider, as onnxsim folds."""
+    model = _one_node_model(_node_proto(node, inputs), inputs, opset,
+                            [value.dtype for value in node.outputs])
+    return _run_on_onnxruntime(model, {f"i{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs)
+                                       if x is not None})
+
+
+def _run_on_onnxruntime(model, feeds: dict) -> list[np.ndarray] | None:
+    """All outputs of ``model`` on onnxruntime's CPU provider, unoptimized; None when it refuses."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a core dependency
         return None
-    model = _one_node_model(_node_proto(node, inputs), inputs, opset,
-                            [value.dtype for value in node.outputs])
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
     options.intra_op_num_threads = 1
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        feeds = {f"i{k}": np.ascontiguousarray(x) for k, x in enumerate(inputs) if x is not None}
         return [np.asarray(o) for o in session.run(None, feeds)]
-    except Exception:  # onnxruntime lacks the kernel or rejects the inputs
+    except Exception:  # onnxruntime lacks a kernel or rejects the inputs
         return None
 
 
@@ -94,10 +99,6 @@ def evaluate_on_onnxruntime(batch: Sequence[tuple[Node, Sequence[np.ndarray | No
     """Outputs of every node of ``batch`` on its inputs, all in one onnxruntime session (a session per
     node costs more than the computing on a model with a hundred quantized weights); a node the batch
     could not run is tried alone. Each entry is like ``evaluate(..., runtime=True)``'s answer."""
-    try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
-        return [evaluate(node, inputs, opset, runtime=True) for node, inputs in batch]
     protos, graph_inputs, graph_outputs, feeds = [], [], [], {}
     for index, (node, inputs) in enumerate(batch):
         proto = _node_proto(node, inputs)
@@ -117,14 +118,8 @@ def evaluate_on_onnxruntime(batch: Sequence[tuple[Node, Sequence[np.ndarray | No
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(helper.make_graph(protos, "eval", graph_inputs, graph_outputs),
                               opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        flat = [np.asarray(o) for o in session.run(None, feeds)]
-    except Exception:  # one node onnxruntime rejects: each on its own
+    flat = _run_on_onnxruntime(model, feeds)
+    if flat is None:  # a node onnxruntime rejects: each on its own
         return [evaluate(node, inputs, opset, runtime=True) for node, inputs in batch]
     answers, start = [], 0
     for node, _ in batch:
