@@ -193,3 +193,28 @@ def test_renaming_an_initializer_keeps_it_an_initializer(tmp_path):
     graph.rename_value(w, "weights")
     assert graph.initializers["weights"] is w and "w" not in graph.initializers and graph.value("weights") is w
     verify_graph(graph)
+
+
+def test_every_walk_finds_the_bodies_however_they_were_attached(tmp_path):
+    """all_graphs walks only the nodes recorded as holding bodies: loading, set_attr, remove_attr and node
+    removal keep that record, and verify_graph catches one that is stale."""
+    from worker.ir.verify import IRError
+    from worker.ir.node import Attr
+
+    then_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vinfo("t", shape=[4])])
+    model = make_model([helper.make_node("Relu", ["x0"], ["x"]),
+                        helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=then_graph)],
+                       [vinfo("c", TensorProto.BOOL, []), vinfo("x0", shape=[4])], [vinfo("y", shape=[4])])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    graph = load_model(tmp_path / "m.onnx").graph
+    assert len(list(graph.all_graphs())) == 3  # loaded: the If's two branches
+    relu = graph.nodes_of_type("Relu")[0]
+    body = Graph("extra")
+    relu.set_attr("body", body)  # a body attached after the node joined the graph
+    assert body in list(graph.all_graphs())
+    verify_graph(graph)
+    relu.remove_attr("body")
+    assert body not in list(graph.all_graphs())
+    relu.attributes["body"] = Attr("body", onnx.AttributeProto.GRAPH, body)  # behind the graph's back
+    with pytest.raises(IRError, match="holding bodies"):
+        verify_graph(graph)

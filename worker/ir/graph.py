@@ -64,6 +64,8 @@ class Graph:
         self._count = 0
         self._index: dict[tuple[str, str], dict[Node, None]] = defaultdict(dict)
         self._values: dict[str, Value] = {}
+        #: The nodes holding If/Loop/Scan bodies: every pass walks all graphs, few nodes have any.
+        self._holders: dict[Node, None] = {}
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {self._count} nodes)"
@@ -124,10 +126,18 @@ class Graph:
                 yield from body.all_nodes()
 
     def all_graphs(self) -> Iterator["Graph"]:
+        """This graph, then each body in the order of the nodes holding them (each body before its own)."""
         yield self
-        for node in self:
+        for node in sorted(self._holders, key=lambda n: n._order):
             for body in node.subgraphs():
                 yield from body.all_graphs()
+
+    def note_bodies(self, node: Node) -> None:
+        """Record whether ``node`` (of this graph) holds bodies; called when its attributes change."""
+        if node.subgraphs():
+            self._holders[node] = None
+        else:
+            self._holders.pop(node, None)
 
     def ancestor_in(self, node: Node) -> Node | None:
         """The node of this graph that is ``node`` or holds it in a (nested) body."""
@@ -241,6 +251,7 @@ class Graph:
             self._register_value(value)
         for body in node.subgraphs():
             body.parent = node
+        self.note_bodies(node)
         self._count += 1
 
     def append(self, node: Node) -> Node:
@@ -332,6 +343,7 @@ class Graph:
             node._next._prev = node._prev
         node._prev = node._next = None
         self._index[(node.domain, node.op_type)].pop(node, None)
+        self._holders.pop(node, None)
         for value in node.outputs:
             self._forget_value(value)
         self.names.nodes.discard(node.name)

@@ -178,9 +178,13 @@ class Node:
         else:
             self.attributes[name] = Attr.infer(name, value)
         self._adopt_subgraphs(self.attributes[name])
+        if self.graph is not None:
+            self.graph.note_bodies(self)
 
     def remove_attr(self, name: str) -> None:
         self.attributes.pop(name, None)
+        if self.graph is not None:
+            self.graph.note_bodies(self)
 
     def _adopt_subgraphs(self, attr: Attr) -> None:
         if attr.type == A.GRAPH:

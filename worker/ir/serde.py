@@ -261,6 +261,7 @@ class _Reader:
                 node._append_input(value)
             for attr in node_proto.attribute:
                 node.attributes[attr.name] = self.attribute(node, attr)
+            graph.note_bodies(node)
 
     def attribute(self, node: Node, proto: AttributeProto) -> Attr:
         if proto.type == AttributeProto.GRAPH and not proto.ref_attr_name:

@@ -45,6 +45,9 @@ def _verify_one(graph: Graph, require_sorted: bool) -> None:
                 raise IRError(f"output {value.name!r} of {node!r} is not registered in its graph")
     if count != len(graph):
         raise IRError(f"{graph!r} counts {len(graph)} nodes but lists {count}")
+    holders = {node for node in graph if node.subgraphs()}
+    if holders != set(graph._holders):
+        raise IRError(f"{graph!r} records {len(graph._holders)} nodes holding bodies, but {len(holders)} do")
     indexed = sum(len(nodes) for nodes in graph._index.values())
     if indexed != count:
         raise IRError(f"the op-type index holds {indexed} nodes, the graph {count}")
