@@ -36,13 +36,18 @@ def test_replace_all_uses_moves_every_use(tmp_path):
     verify_graph(graph)
 
 
-def test_replace_all_uses_reaches_nested_bodies(tmp_path):
+def if_graph(tmp_path) -> Graph:
+    """x0 -> Relu -> x; If(c) whose two branches compute Neg(x) from the outer scope."""
     then_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vinfo("t", shape=[4])])
     model = make_model([helper.make_node("Relu", ["x0"], ["x"]),
                         helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=then_graph)],
                        [vinfo("c", TensorProto.BOOL, []), vinfo("x0", shape=[4])], [vinfo("y", shape=[4])])
     onnx.save(model, str(tmp_path / "m.onnx"))
-    graph = load_model(tmp_path / "m.onnx").graph
+    return load_model(tmp_path / "m.onnx").graph
+
+
+def test_replace_all_uses_reaches_nested_bodies(tmp_path):
+    graph = if_graph(tmp_path)
     x, x0 = graph.value("x"), graph.value("x0")
     assert len(x.uses) == 2 and all(u.node.graph is not graph for u in x.uses)
     graph.replace_all_uses(x, x0)
@@ -201,12 +206,7 @@ def test_every_walk_finds_the_bodies_however_they_were_attached(tmp_path):
     from worker.ir.verify import IRError
     from worker.ir.node import Attr
 
-    then_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [], [vinfo("t", shape=[4])])
-    model = make_model([helper.make_node("Relu", ["x0"], ["x"]),
-                        helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=then_graph)],
-                       [vinfo("c", TensorProto.BOOL, []), vinfo("x0", shape=[4])], [vinfo("y", shape=[4])])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    graph = load_model(tmp_path / "m.onnx").graph
+    graph = if_graph(tmp_path)
     assert len(list(graph.all_graphs())) == 3  # loaded: the If's two branches
     relu = graph.nodes_of_type("Relu")[0]
     body = Graph("extra")
