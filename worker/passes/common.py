@@ -32,6 +32,15 @@ def constant_input(node: Node, slot: int) -> np.ndarray | None:
     return None if value is None else value.constant_value()
 
 
+def per_tensor_params(node: Node) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The scale and zero point (None when omitted) of a QuantizeLinear / DequantizeLinear, when each is one
+    value known offline; otherwise None (per axis, or computed at run time)."""
+    scale, zero = constant_input(node, 1), constant_input(node, 2)
+    if scale is None or scale.size != 1 or (node.input(2) is not None and (zero is None or zero.size != 1)):
+        return None
+    return scale, zero
+
+
 def add_constant(graph: Graph, base: str, array: np.ndarray) -> Value:
     """A new initializer in ``graph`` (fresh name), typed from the array."""
     return graph.add_initializer(base, np.asarray(array))

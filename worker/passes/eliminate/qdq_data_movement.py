@@ -17,19 +17,12 @@ import numpy as np
 
 from worker.ir import Graph, Node, Value
 from worker.passes.base import PassContext, PassKind, PassResult
+from worker.passes.common import per_tensor_params
 from worker.passes.eliminate.forward import is_attached
 from worker.passes.registry import register_pass
 
 #: Op type -> the first opset at which it takes 8-bit data.
 MOVERS = {"Reshape": 5, "Flatten": 9, "Squeeze": 1, "Unsqueeze": 1, "Transpose": 1, "MaxPool": 12}
-
-
-def _params(node: Node) -> tuple[np.ndarray, np.ndarray | None] | None:
-    scale = node.input(1).constant_value()
-    zero = node.input(2).constant_value() if node.input(2) is not None else None
-    if scale is None or scale.size != 1 or (node.input(2) is not None and (zero is None or zero.size != 1)):
-        return None
-    return scale, zero
 
 
 def _refusal(node: Node, opset: int) -> tuple[Node, Node] | str | None:
@@ -51,7 +44,7 @@ def _refusal(node: Node, opset: int) -> tuple[Node, Node] | str | None:
         return "it has a second output (MaxPool's Indices)"
     if quant.output(0).dtype != dq.input(0).dtype:
         return "the QuantizeLinear writes another type than the DequantizeLinear reads"
-    before, after = _params(dq), _params(quant)
+    before, after = per_tensor_params(dq), per_tensor_params(quant)
     if before is None or after is None:
         return "a scale or zero point is per axis or not known offline"
     if set(dq.attributes) - {"axis"} or set(quant.attributes) - {"axis"}:
@@ -68,8 +61,7 @@ def _refusal(node: Node, opset: int) -> tuple[Node, Node] | str | None:
 
 def _rewrite(graph: Graph, node: Node, dq: Node, quant: Node) -> tuple[Node, list[str]]:
     inputs: list[Value | None] = [dq.input(0), *node.inputs[1:]]
-    attributes = {name: attr for name, attr in node.attributes.items()}
-    moved = graph.add_node(node.op_type, inputs, [quant.output(0)], attributes=attributes,
+    moved = graph.add_node(node.op_type, inputs, [quant.output(0)], attributes=dict(node.attributes),
                            name=f"{node.name}_8bit", before=node)
     replaced = [node.name, quant.name]
     graph.remove_nodes([node, quant])

@@ -18,6 +18,7 @@ import numpy as np
 
 from worker.ir import Graph, Node, Value
 from worker.kernels.pick import NodeFacts, ValueFacts
+from worker.passes.common import per_tensor_params
 from worker.passes.place.casts import drop_if_unused
 from worker.passes.place.facts import is_constant, value_facts
 
@@ -84,12 +85,6 @@ def _const(value: Value | None) -> np.ndarray | None:
     return value.constant_value()
 
 
-def _scalar_params(node: Node) -> bool:
-    scale, zero = _const(node.input(1)), node.input(2)
-    return scale is not None and scale.size == 1 and (zero is None or (_const(zero) is not None
-                                                                       and _const(zero).size == 1))
-
-
 def find(node: Node) -> Sandwich | None:
     """The Q/DQ sandwich around ``node``, or None when the node cannot run in its quantized form."""
     if node.domain != "" or node.op_type not in QLINEAR:
@@ -101,7 +96,8 @@ def find(node: Node) -> Sandwich | None:
     quant = out.uses[0].node
     if quant.op_type != "QuantizeLinear" or quant.domain != "" or out.uses[0].slot != 0:
         return None
-    if not (_scalar_params(data) and _scalar_params(quant)) or quantized_weight(weight.input(0)) is None:
+    if per_tensor_params(data) is None or per_tensor_params(quant) is None \
+            or quantized_weight(weight.input(0)) is None:
         return None
     w_scale = _const(weight.input(1))
     if w_scale is None or (w_scale.size != 1 and (node.op_type != "Conv" or weight.attr("axis", 1) != 0)):
