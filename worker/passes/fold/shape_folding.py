@@ -16,7 +16,6 @@ Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's resha
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -251,32 +250,12 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
             if shape is not None:
                 old = reshape.input(1)
                 reshape.set_input(1, graph.add_initializer(f"{reshape.name}_shape", shape))
-                if reshape.output(0).shape is None:  # inference could not read the computed shape
-                    reshape.output(0).shape = _reshaped(reshape.input(0).shape, shape)
-                    refined = True
+                refined = refined or reshape.output(0).shape is None
                 names = remove_dead(graph, old.producer) if old.producer is not None else []
                 result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
-    if refined:  # what follows a Reshape of newly known rank was untyped: infer it now, once
+    if refined:  # inference could not read the computed shape: what follows the Reshape is untyped until now
         result.data["reinferred"] = type_inference(ctx).data.get("static")
     return result
-
-
-def _reshaped(source, shape: np.ndarray):
-    """The output shape of a Reshape of ``source`` to ``shape`` (0: copy, -1: the rest); None dims unknown."""
-    if source is None:
-        return None
-    copied = {i for i, d in enumerate(shape) if d == 0}
-    out: list = [source[i] if i in copied else int(d) for i, d in enumerate(shape)]
-    if -1 in shape:
-        rest = _product(d for i, d in enumerate(source) if i not in copied)
-        given = _product(d for i, d in enumerate(out) if i not in copied and d != -1)
-        out[list(shape).index(-1)] = rest // given if rest is not None and given and rest % given == 0 else None
-    return tuple(out)
-
-
-def _product(dims) -> int | None:
-    dims = list(dims)
-    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
 
 
 def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
