@@ -8,6 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
+# The suite runs strict: a pass that raises fails the run instead of being undone with a warning, so that no
+# bug hides behind the fail-soft default. Tests of that default ask for strict=False themselves.
+os.environ.setdefault("MIRSERVE_STRICT", "1")
 
 
 def _find_corpus() -> Path:
@@ -117,3 +120,13 @@ def tensor(name: str, array) -> onnx.TensorProto:
 
 def vinfo(name: str, elem=onnx.TensorProto.FLOAT, shape=None) -> onnx.ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, elem, shape)
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory):
+    """``mirserve serve`` itself (API and embedded worker, the real engine) as a user starts it, shared by the
+    tests that drive it from outside: the client, the remote CLI, the pictures, the web page."""
+    from tests.service.server import Server
+
+    with Server(tmp_path_factory.mktemp("serve") / "data", max_upload_mb=64) as running:
+        yield running

@@ -1,2 +1,2 @@
-"""mirserve's engine: an ONNX optimizer that plans for target places (no web imports here)."""
+"""mirserve: the optimizer library (``worker.engine``) and the job process that runs it (``worker.jobs``)."""
 __version__ = "0.1.0"

@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
-from worker.domain import DOMAIN, ref
-from worker.passes.pipelines import MEMORY, PLACE
-from worker.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, register_filter, register_kernels,
+from worker.engine.mirserve_domain.ops import DOMAIN, ref
+from worker.engine.passes.pipelines import MEMORY, PLACE
+from worker.engine.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, register_filter, register_kernels,
                             register_op, register_target)
 
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}

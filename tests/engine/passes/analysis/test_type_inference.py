@@ -1,0 +1,138 @@
+"""type_inference: every value typed and static with static input shapes; symbolic names kept without."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import CORPUS, all_models, make_model, model_id, shapes_for, tensor, vinfo
+from worker.engine.errors import OptionsError
+from worker.engine.ir import load_model
+from worker.engine.options import OptimizeOptions
+from worker.engine.passes import PassContext, PassManager
+from worker.engine.inference import apply_input_shapes
+from worker.engine.places import parse_places
+
+
+def infer(model, shapes=None) -> dict:
+    apply_input_shapes(model.graph, shapes or {})
+    ctx = PassContext(model, OptimizeOptions(), parse_places())
+    return PassManager().run(ctx, ["type_inference"])[0]
+
+
+@pytest.mark.parametrize("path", all_models(), ids=model_id)
+def test_every_value_is_typed_and_static_with_static_input_shapes(path):
+    model = load_model(path)
+    entry = infer(model, shapes_for(path))
+    assert entry["untyped"] == []
+    assert entry["typed"] == entry["static"] == entry["values"] > 0
+    for graph in model.graph.all_graphs():
+        for value in graph.values():
+            if value.is_used:
+                assert value.dtype and value.is_static, value
+
+
+def test_symbolic_dims_keep_their_names_without_input_shapes():
+    model = load_model(CORPUS / "bert_small_dyn.onnx")
+    entry = infer(model)
+    assert entry["untyped"] == [] and entry["static"] < entry["values"]
+    assert {"batch", "seq"} <= set(entry["symbolic_dims"])
+    assert model.graph.outputs[0].shape == ("batch", "seq", 256)
+
+
+def test_stale_value_info_is_replaced_by_inferred_shapes():
+    model = load_model(CORPUS / "cls_qdq.onnx")  # carries [-1, 8, unk__0, unk__1] from the quantizer
+    infer(model, {"x": [1, 3, 48, 192]})
+    conv = model.graph.nodes_of_type("Conv")[0]
+    assert conv.output().shape == (1, 8, 24, 96)
+
+
+def test_values_it_cannot_infer_are_listed(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"]),
+                               helper.make_node("Mystery", ["a"], ["b"], domain="com.example"),
+                               helper.make_node("Relu", ["b"], ["y"])], "g",
+                              [vinfo("x", shape=[2])], [helper.make_empty_tensor_value_info("y")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    entry = infer(load_model(tmp_path / "m.onnx"))
+    assert entry["untyped"] == ["b", "y"]
+    assert entry["typed"] == entry["values"] - 2
+
+
+def test_shape_subgraph_values_are_evaluated(tmp_path):
+    # Reshape to Concat(Shape(x)[0:1], [-1]): onnx alone cannot tell the output shape.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "zero", "one"], ["s0"]),
+             helper.make_node("Concat", ["s0", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 3, 4])], [vinfo("y", shape=[None, None])],
+                       [tensor("zero", np.array([0])), tensor("one", np.array([1])),
+                        tensor("minus_one", np.array([-1]))])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded, {"x": [5, 3, 4]})
+    assert loaded.graph.outputs[0].shape == (5, 12)
+
+
+def test_if_bodies_are_typed(tmp_path):
+    then_graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["t"])], "then", [],
+                                   [vinfo("t", shape=["n", 2])])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vinfo("e", shape=["n", 2])])
+    model = make_model([helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)],
+                       [vinfo("c", TensorProto.BOOL, []), vinfo("x", shape=["n", 2])], [vinfo("y", shape=["n", 2])])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    entry = infer(loaded, {"x": [3, 2]})
+    body = loaded.graph.nodes_of_type("If")[0].attr("then_branch")
+    assert body.value("t").shape == (3, 2) and entry["untyped"] == []
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"images": [1, 3, 48, 192]}, "input shape given for 'images', but the model's inputs are 'x'"),
+    ({"x": [1, 3, 48]}, "input shape of 'x' has 3 dims, the model declares rank 4"),
+    ({"x": [1, 4, 48, 192]}, "input shape of 'x': dim 1 is 3 in the model, 4 given"),
+])
+def test_bad_input_shapes_are_refused(shapes, message):
+    model = load_model(CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    with pytest.raises(OptionsError, match=message):
+        apply_input_shapes(model.graph, shapes)
+
+
+def loop_model(tmp_path, condition_from_body: bool):
+    """Loop(M=4, cond=True): acc += x, scanning acc; the body may pass its condition through or compute it."""
+    cond_node = (helper.make_node("Less", ["acc_sum", "limit"], ["cond_out"]) if condition_from_body
+                 else helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    nodes = [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+             helper.make_node("ReduceSum", ["acc_out"], ["acc_sum"], keepdims=0),
+             cond_node, helper.make_node("Identity", ["acc_out"], ["scan_out"])]
+    body = helper.make_graph(nodes, "body",
+                             [vinfo("i", TensorProto.INT64, []), vinfo("cond_in", TensorProto.BOOL, []),
+                              vinfo("acc_in", shape=[2, 3])],
+                             [vinfo("cond_out", TensorProto.BOOL, []), vinfo("acc_out", shape=[2, 3]),
+                              vinfo("scan_out", shape=[2, 3])])
+    graph = helper.make_graph([helper.make_node("Loop", ["M", "c", "init"], ["final", "scans"], body=body)], "g",
+                              [vinfo("x", shape=[2, 3]), vinfo("init", shape=[2, 3])],
+                              [vinfo("final", shape=None), vinfo("scans", shape=None)],  # declared without shapes
+                              [tensor("M", np.array(4, np.int64)), tensor("c", np.array(True)),
+                               tensor("limit", np.array(100.0, np.float32))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "loop.onnx"))
+    return load_model(tmp_path / "loop.onnx")
+
+
+def test_loop_carried_and_scan_outputs_get_shapes(tmp_path):
+    model = loop_model(tmp_path, condition_from_body=False)
+    entry = infer(model)
+    assert entry["untyped"] == []
+    assert [(v.name, v.shape) for v in model.graph.outputs] == [("final", (2, 3)), ("scans", (4, 2, 3))]
+
+
+def test_loop_stopped_by_its_body_keeps_an_unknown_scan_length(tmp_path):
+    model = loop_model(tmp_path, condition_from_body=True)
+    infer(model)
+    final, scans = model.graph.outputs
+    assert final.shape == (2, 3)  # the carried value keeps its shape however many iterations run
+    assert scans.shape is not None and not isinstance(scans.shape[0], int)

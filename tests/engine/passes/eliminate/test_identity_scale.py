@@ -1,0 +1,37 @@
+"""identity_scale_eliminate: x*1, 1*x, x/1, x+0, 0+x, x-0 go; 1/x, 0-x, broadcasting constants stay."""
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.conftest import make_model, tensor, vinfo
+from tests.engine.passes.fold.harness import run
+
+STEP = ["identity_scale_eliminate"]
+
+
+def scale_model(op, constant, constant_first=False, out_shape=(2, 3)):
+    inputs = ["k", "a"] if constant_first else ["a", "k"]
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node(op, inputs, ["b"]),
+             helper.make_node("Neg", ["b"], ["y"])]
+    return make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=list(out_shape))],
+                      [tensor("k", np.asarray(constant, np.float32))])
+
+
+@pytest.mark.parametrize("op, constant, first", [("Mul", 1.0, False), ("Mul", [1, 1, 1], True),
+                                                 ("Div", [[1.0]], False), ("Add", 0.0, True),
+                                                 ("Sub", np.zeros((2, 3)), False)])
+def test_neutral_constants_are_removed(tmp_path, op, constant, first):
+    outcome = run(scale_model(op, constant, first), STEP, tmp_path)
+    assert outcome.ops == ["Relu", "Neg"]
+
+
+@pytest.mark.parametrize("op, constant, first", [("Div", 1.0, True), ("Sub", 0.0, True), ("Mul", 2.0, False),
+                                                 ("Add", [0.0, 0.0, 0.5], False)])
+def test_other_constants_stay(tmp_path, op, constant, first):
+    outcome = run(scale_model(op, constant, first), STEP, tmp_path)
+    assert op in outcome.ops
+
+
+def test_a_neutral_constant_that_broadcasts_to_a_larger_shape_is_refused(tmp_path):
+    outcome = run(scale_model("Mul", np.ones((4, 2, 3)), out_shape=(4, 2, 3)), STEP, tmp_path)
+    assert "Mul" in outcome.ops and outcome.refused("identity_scale_eliminate", "larger shape")

@@ -1,0 +1,166 @@
+"""constant_folding: constant subgraphs are computed (numpy, then onnxruntime); large generated tensors only
+when they become weights; random ops, Q/DQ, subgraphs and graph outputs never."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import make_model, tensor, vinfo
+from tests.engine.passes.fold.harness import body_of, both_conditions, if_model, run
+from worker.engine import evaluate as evaluate_module
+from worker.engine.passes.support.arrays import is_uniform
+
+STEP = ["constant_folding"]
+
+
+def test_a_constant_chain_folds_into_named_initializers(tmp_path):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("Mul", ["wt", "two"], ["w2"]), helper.make_node("MatMul", ["x", "w2"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 4])],
+                       [tensor("w", w), tensor("two", np.float32(2))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["MatMul"]
+    np.testing.assert_array_equal(outcome.model.graph.initializers["w2"].const, w.T * 2)
+    assert [d["from"] for d in outcome.details("constant_folding")] == [["transpose"], ["mul"]]
+
+
+def test_ops_without_a_numpy_kernel_run_on_onnxruntime(tmp_path, monkeypatch):
+    calls = []
+    original = evaluate_module._onnxruntime
+
+    def recording(node, inputs, opset):
+        calls.append(node.op_type)
+        return original(node, inputs, opset)
+
+    monkeypatch.setattr(evaluate_module, "_onnxruntime", recording)
+    nodes = [helper.make_node("Softmax", ["k"], ["s"], axis=-1), helper.make_node("Erf", ["s"], ["e"]),
+             helper.make_node("Add", ["x", "e"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 3])],
+                       [tensor("k", np.array([[0.5, 1, 2], [3, 2, 1]], np.float32))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Add"] and calls == ["Softmax", "Erf"]
+
+
+def generated(op, out_shape, reader="Add"):
+    """A generator op making ``out_shape`` from small inputs, read by ``reader`` (Add data, or Conv weight)."""
+    shape = np.array(out_shape, np.int64)
+    makers = {
+        "ConstantOfShape": ([helper.make_node("ConstantOfShape", ["shape"], ["g"],
+                                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5]))],
+                            [tensor("shape", shape)]),
+        "Expand": ([helper.make_node("Expand", ["one", "shape"], ["g"])],
+                   [tensor("one", np.full([1] * len(out_shape), 0.5, np.float32)), tensor("shape", shape)]),
+        "Tile": ([helper.make_node("Tile", ["one", "shape"], ["g"])],
+                 [tensor("one", np.full([1] * len(out_shape), 0.5, np.float32)), tensor("shape", shape)]),
+    }
+    nodes, initializers = makers[op]
+    if reader == "Add":
+        nodes = nodes + [helper.make_node("Add", ["x", "g"], ["y"])]
+        return make_model(nodes, [vinfo("x", shape=list(out_shape))], [vinfo("y", shape=list(out_shape))],
+                          initializers)
+    nodes = nodes + [helper.make_node("Conv", ["x", "g"], ["y"])]
+    return make_model(nodes, [vinfo("x", shape=[1, out_shape[1], 3, 3])], [vinfo("y", shape=[1, out_shape[0], 1, 1])],
+                      initializers)
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand", "Tile"])
+def test_a_large_generated_tensor_read_as_data_is_not_folded(tmp_path, op):
+    outcome = run(generated(op, [256, 256]), STEP, tmp_path)
+    assert op in outcome.ops
+    assert outcome.refused("constant_folding", "above the 64 KiB limit) that no weight input reads")
+
+
+def test_a_small_generated_tensor_is_folded(tmp_path):
+    outcome = run(generated("Expand", [4, 8]), STEP, tmp_path)
+    assert outcome.ops == ["Add"]
+
+
+@pytest.mark.parametrize("op", ["ConstantOfShape", "Expand", "Tile"])
+def test_a_large_generated_weight_is_folded_as_a_view(tmp_path, op):
+    outcome = run(generated(op, [256, 64, 3, 3], reader="Conv"), STEP, tmp_path)
+    assert outcome.ops == ["Conv"]
+    weight = outcome.model.graph.nodes_of_type("Conv")[0].input(1).const
+    assert weight.shape == (256, 64, 3, 3) and is_uniform(weight) and weight.strides == (0, 0, 0, 0)
+
+
+def test_a_weight_generated_through_view_and_elementwise_ops_stays_a_view(tmp_path):
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["g"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+             helper.make_node("Unsqueeze", ["g", "axes"], ["u"]), helper.make_node("Mul", ["u", "two"], ["m"]),
+             helper.make_node("Conv", ["x", "m"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[1, 64, 3, 3])], [vinfo("y", shape=[1, 512, 1, 1])],
+                       [tensor("shape", np.array([512, 64, 3], np.int64)), tensor("axes", np.array([3], np.int64)),
+                        tensor("two", np.float32(2))])
+    outcome = run(model, STEP, tmp_path)
+    weight = outcome.model.graph.nodes_of_type("Conv")[0].input(1).const
+    assert outcome.ops == ["Conv"] and is_uniform(weight) and float(weight[0, 0, 0, 0]) == 1.0
+
+
+def test_random_ops_are_not_folded(tmp_path):
+    nodes = [helper.make_node("RandomUniform", [], ["r"], shape=[2, 3]), helper.make_node("Add", ["x", "r"], ["y"])]
+    outcome = run(make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 3])]), STEP, tmp_path,
+                  check=False)
+    assert outcome.ops == ["RandomUniform", "Add"]
+    assert outcome.refused("constant_folding", "RandomUniform: it is not deterministic")
+
+
+def test_quantize_and_dequantize_of_constants_are_not_folded(tmp_path):
+    nodes = [helper.make_node("QuantizeLinear", ["w", "scale", "zero"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["dq"]),
+             helper.make_node("DequantizeLinear", ["w8", "scale", "zero"], ["dq8"]),
+             helper.make_node("Add", ["dq", "dq8"], ["s"]), helper.make_node("Add", ["x", "s"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[4])], [vinfo("y", shape=[4])],
+                       [tensor("w", np.array([0.1, 0.2, 0.3, 0.4], np.float32)), tensor("scale", np.float32(0.01)),
+                        tensor("zero", np.uint8(0)), tensor("w8", np.array([1, 2, 3, 4], np.uint8))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["QuantizeLinear", "DequantizeLinear", "DequantizeLinear", "Add", "Add"]
+    assert outcome.refused("constant_folding", "QuantizeLinear: it is kept so that the model stays quantized")
+    assert outcome.refused("constant_folding", "DequantizeLinear: it is kept so that the model stays quantized")
+
+
+def test_a_constant_graph_output_is_not_folded(tmp_path):
+    nodes = [helper.make_node("Add", ["a", "a"], ["y"]), helper.make_node("Relu", ["x"], ["z"])]
+    model = make_model(nodes, [vinfo("x", shape=[2])], [vinfo("y", shape=[2]), vinfo("z", shape=[2])],
+                       [tensor("a", np.ones(2, np.float32))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Add", "Relu"] and outcome.refused("constant_folding", "is a graph output")
+
+
+def test_a_body_node_reading_outer_constants_folds_into_the_main_graph(tmp_path):
+    then_nodes = [helper.make_node("Mul", ["k", "k"], ["kk"]), helper.make_node("Add", ["x", "kk"], ["t"])]
+    proto = if_model(then_nodes, "t", [helper.make_node("Neg", ["x"], ["e"])], "e",
+                     initializers=[tensor("k", np.array([1, 2, 3], np.float32))])
+    outcome = both_conditions(proto, STEP, tmp_path)
+    assert [n.op_type for n in body_of(outcome)] == ["Add"]
+    np.testing.assert_array_equal(outcome.model.graph.initializers["kk"].const, [1, 4, 9])
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_axes_as_attribute_or_input_both_fold(tmp_path, opset):
+    if opset >= 13:
+        unsqueeze, extra = helper.make_node("Unsqueeze", ["k", "axes"], ["u"]), [tensor("axes", np.array([0], np.int64))]
+    else:
+        unsqueeze, extra = helper.make_node("Unsqueeze", ["k"], ["u"], axes=[0]), []
+    nodes = [unsqueeze, helper.make_node("Add", ["x", "u"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 3])],
+                       [tensor("k", np.array([1, 2, 3], np.float32)), *extra], opset=opset)
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Add"] and outcome.model.graph.initializers["u"].const.shape == (1, 3)
+
+
+def test_a_fill_beyond_the_constant_budget_is_refused(tmp_path, monkeypatch):
+    from worker.engine.passes.fold import constant_folding
+
+    monkeypatch.setattr(constant_folding, "MAX_CONSTANT_BYTES", 1 << 20)
+    outcome = run(generated("ConstantOfShape", [1024, 64, 3, 3], reader="Conv"), STEP, tmp_path)  # 2.25 MiB
+    assert outcome.ops == ["ConstantOfShape", "Conv"]
+    assert outcome.refused("constant_folding", "would take the model's constants above 1 MiB")
+
+
+def test_a_hostile_fill_shape_is_refused_before_anything_is_computed(tmp_path):
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["g"]), helper.make_node("MatMul", ["x", "g"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[1, "k"])], [vinfo("y", shape=[1, "m"])],
+                       [tensor("shape", np.array([2**33, 2**33], np.int64))])
+    outcome = run(model, STEP, tmp_path, check=False)
+    assert outcome.ops == ["ConstantOfShape", "MatMul"]
+    assert outcome.refused("constant_folding", "would take the model's constants above 8 GiB")

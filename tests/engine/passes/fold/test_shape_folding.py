@@ -1,0 +1,109 @@
+"""eliminate_shape_op: shape computations become constants where the dims they read are known; partly known
+shapes keep working for every value of their symbolic dims."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import make_model, tensor, vinfo
+from tests.engine.passes.fold.harness import compare, run
+
+STEP = ["eliminate_shape_op"]
+
+
+def test_tail_of_a_partly_symbolic_shape_becomes_a_constant(tmp_path):
+    # y = Reshape(x2, Concat([-1], Shape(x)[1:])): only the batch is symbolic
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "one", "big"], ["tail"]),
+             helper.make_node("Concat", ["minus", "tail"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x2", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 3, 4]), vinfo("x2", shape=["n", 12])],
+                       [vinfo("y", shape=["n", 3, 4])],
+                       [tensor("one", np.array([1], np.int64)), tensor("big", np.array([2**62], np.int64)),
+                        tensor("minus", np.array([-1], np.int64))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Reshape"]
+    np.testing.assert_array_equal(outcome.model.graph.initializers["target"].const, [-1, 3, 4])
+    for n in (1, 5):  # still right for any batch
+        feeds = {"x": np.zeros((n, 3, 4), np.float32), "x2": np.arange(n * 12, dtype=np.float32).reshape(n, 12)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def batch_reshape_model(shape_of="x"):
+    """y = Reshape(x, Concat(Unsqueeze(Shape(<shape_of>)[0]), [12])): the batch is symbolic."""
+    nodes = [helper.make_node("Shape", [shape_of], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+             helper.make_node("Concat", ["n1", "twelve"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
+             helper.make_node("Neg", ["r"], ["z"])]
+    return make_model(nodes, [vinfo("x", shape=["n", 3, 4]), vinfo("x2", shape=["n", 5])],
+                      [vinfo("z", shape=["n", 12])],
+                      [tensor("zero", np.array(0, np.int64)), tensor("zero1", np.array([0], np.int64)),
+                       tensor("twelve", np.array([12], np.int64))])
+
+
+def test_an_unknown_element_keeps_its_computation(tmp_path):
+    # the batch of x2 need not be the batch of x: nothing is known about it
+    outcome = run(batch_reshape_model(shape_of="x2"), STEP, tmp_path, typed=False)
+    assert outcome.ops == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape", "Relu", "Neg"]
+
+
+def test_a_reshape_copying_dims_of_its_own_input_gets_a_constant_shape(tmp_path):
+    outcome = run(batch_reshape_model(), STEP, tmp_path)  # typed: what follows the Reshape is inferred again
+    assert outcome.ops == ["Reshape", "Relu", "Neg"]
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    np.testing.assert_array_equal(reshape.input(1).const, [0, 12])
+    assert reshape.output(0).shape == ("n", 12)
+    assert outcome.model.graph.nodes_of_type("Relu")[0].output(0).shape == ("n", 12)
+    for n in (1, 3):
+        feeds = {"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) - 5, "x2": np.zeros((n, 5), np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_a_dim_copied_to_another_position_is_not_a_copy(tmp_path):
+    # Reshape(x [n, 3, 4], [12, n]) moves the batch: 0 there would copy dim 1, not the batch
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero1", "one"], ["n1"]),
+             helper.make_node("Concat", ["twelve", "n1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 3, 4])], [vinfo("y", shape=[12, "n"])],
+                       [tensor("zero1", np.array([0], np.int64)), tensor("one", np.array([1], np.int64)),
+                        tensor("twelve", np.array([12], np.int64))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Shape", "Slice", "Concat", "Reshape"]
+
+
+def test_static_shape_arithmetic_folds_entirely(tmp_path):
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "i2"], ["h"], axis=0),
+             helper.make_node("Gather", ["s", "i3"], ["w"], axis=0), helper.make_node("Mul", ["h", "w"], ["hw"]),
+             helper.make_node("Cast", ["hw"], ["hw32"], to=TensorProto.INT32),
+             helper.make_node("Cast", ["hw32"], ["hw64"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["hw64", "axes"], ["hw1"]),
+             helper.make_node("Concat", ["i0", "c", "hw1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 2, 3, 4])], [vinfo("y", shape=[None, 2, 12])],
+                       [tensor("i2", np.array(2, np.int64)), tensor("i3", np.array(3, np.int64)),
+                        tensor("axes", np.array([0], np.int64)), tensor("i0", np.array([0], np.int64)),
+                        tensor("c", np.array([2], np.int64))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Reshape"]
+    np.testing.assert_array_equal(outcome.model.graph.initializers["target"].const, [0, 2, 12])
+
+
+@pytest.mark.parametrize("opset", [9, 15])
+def test_slice_attributes_and_shape_start_end(tmp_path, opset):
+    if opset < 10:
+        nodes = [helper.make_node("Shape", ["x"], ["s"]),
+                 helper.make_node("Slice", ["s"], ["tail"], starts=[1], ends=[3], axes=[0])]
+    else:
+        nodes = [helper.make_node("Shape", ["x"], ["tail"], start=1, end=3)]
+    nodes += [helper.make_node("Concat", ["minus", "tail"], ["target"], axis=0),
+              helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 3, 4])], [vinfo("y", shape=[None, 3, 4])],
+                       [tensor("minus", np.array([-1], np.int64))], opset=opset)
+    outcome = run(model, STEP, tmp_path, shapes={"x": [2, 3, 4]})
+    assert outcome.ops == ["Reshape"]
+
+
+def test_a_shape_that_is_a_graph_output_stays(tmp_path):
+    model = make_model([helper.make_node("Shape", ["x"], ["y"])], [vinfo("x", shape=[2, 3])],
+                       [vinfo("y", TensorProto.INT64, [2])])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.ops == ["Shape"]

@@ -1,0 +1,150 @@
+"""Cast insertion on one-rule models: sharing, offline weight conversion, layouts, copies, outputs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from tests.conftest import make_model, save_proto, tensor, vinfo
+from tests.engine.passes.place.helpers import casts, check_annotations, check_edges, check_shared_casts, place_model
+from tests.engine.passes.place.test_corpus import assert_same_outputs
+from worker.engine.ir import save_model
+from worker.engine.passes.support.casts import cast_kind
+
+RNG = np.random.default_rng(7)
+
+
+def weights(*shape):
+    return (RNG.standard_normal(shape) * 0.2).astype(np.float32)
+
+
+def placed(tmp_path, model, places, **options):
+    source = save_proto(model, tmp_path / "in.onnx")
+    ctx = place_model(source, places, **options)
+    check_annotations(ctx.graph)
+    check_shared_casts(ctx.graph)
+    check_edges(ctx, fp16_storage=options.get("fp16_storage", False))
+    out = tmp_path / "out.onnx"
+    save_model(ctx.model, out)
+    assert_same_outputs(source, out, {}, fp16="fp16" in places or options.get("fp16_storage", False))
+    return ctx, out
+
+
+def two_convs():
+    """x feeds two convolutions whose results are added: x has two consumers."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             helper.make_node("Add", ["a", "b"], ["y"], name="add")]
+    return make_model(nodes, [vinfo("x", shape=[1, 3, 8, 8])], [vinfo("y", shape=[1, 4, 8, 8])],
+                      [tensor("w1", weights(4, 3, 3, 3)), tensor("w2", weights(4, 3, 3, 3))])
+
+
+def test_one_calib_per_value_shared_by_all_its_consumers(tmp_path):
+    ctx, out = placed(tmp_path, two_convs(), "arm/fp16/nchw")
+    graph = ctx.graph
+    [calib_in] = [n for n in graph.value("x").consumers()]
+    assert cast_kind(calib_in) == "calib" and calib_in.attr("to") == TensorProto.FLOAT16
+    assert {n.name for n in calib_in.output().consumers()} == {"conv_a", "conv_b"}
+    # weights converted offline: fp16 initializers, the fp32 originals gone
+    assert {v.name: v.dtype for v in graph.initializers.values()} == {"w1_fp16": TensorProto.FLOAT16,
+                                                                      "w2_fp16": TensorProto.FLOAT16}
+    # the output leaves as it came in: float, under its own name, through one calib
+    stored = onnx.load(str(out))
+    assert stored.graph.output[0].name == "y"
+    assert stored.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert cast_kind(graph.outputs[0].producer) == "calib"
+    assert len(casts(graph)) == 2
+
+
+def test_nhwc_convolution_reads_transposed_weights_and_layout_casts(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[2, 2, 2, 2], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = make_model(nodes, [vinfo("x", shape=[1, 3, 8, 8])], [vinfo("y", shape=[1, 8, 8, 8])],
+                       [tensor("w", weights(8, 3, 5, 5)), tensor("b", weights(8))])
+    # the standard Conv's NHWC form is the subject: keep the Relu apart from it
+    ctx, out = placed(tmp_path, model, "arm/fp16/nhwc,arm/fp32/nchw", disabled_passes=("conv_activation_fuse",))
+    graph = ctx.graph
+    [conv] = graph.nodes_of_type("NhwcConv", "mirserve")
+    assert conv.metadata["mirserve.kernel"] == "arm:Conv:1-21:fp16:nhwc"
+    weight = conv.input(1)
+    assert weight.shape == (8, 5, 5, 3) and weight.dtype == TensorProto.FLOAT16   # OHWI, fp16, in the file
+    original = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_allclose(weight.const.astype(np.float32), np.transpose(original, (0, 2, 3, 1)), atol=1e-3)
+    kinds = [cast_kind(n) for n in graph if cast_kind(n)]
+    assert sorted(kinds) == ["calib", "calib", "layout", "layout"]  # in: fp32->fp16, nchw->nhwc; out: back
+    relu = graph.nodes_of_type("Relu")[0]
+    assert relu.metadata["mirserve.place"] == "arm/fp16/nhwc" and relu.output().shape == (1, 8, 8, 8)
+    stored = onnx.load(str(out))
+    assert {f.name for f in stored.functions} == {"NhwcConv", "calib", "layout"}
+
+
+def test_lower_rank_constants_are_laid_out_like_the_nhwc_data(tmp_path):
+    # the Relu keeps the Add from folding into the conv's bias
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "bias"], ["y"], name="add")]
+    model = make_model(nodes, [vinfo("x", shape=[1, 3, 6, 6])], [vinfo("y", shape=[1, 8, 6, 6])],
+                       [tensor("w", weights(8, 3, 1, 1)), tensor("bias", weights(8, 1, 1))])
+    ctx, _ = placed(tmp_path, model, "arm/fp16/nhwc,arm/fp32/nchw", disabled_passes=("conv_activation_fuse",))
+    add = ctx.graph.nodes_of_type("Add")[0]
+    bias = add.input(1)
+    assert bias.is_initializer and bias.shape == (1, 1, 1, 8) and bias.dtype == TensorProto.FLOAT16
+
+
+def erf_between_convs():
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv_a"),
+             helper.make_node("Erf", ["a"], ["e"], name="erf"),
+             helper.make_node("Conv", ["e", "w2"], ["y"], name="conv_b")]
+    return make_model(nodes, [vinfo("x", shape=[1, 3, 4, 4])], [vinfo("y", shape=[1, 2, 4, 4])],
+                      [tensor("w1", weights(4, 3, 1, 1)), tensor("w2", weights(2, 4, 1, 1))])
+
+
+def _cast_chain(value):
+    chain = []
+    while value.producer is not None and cast_kind(value.producer):
+        chain.append(value.producer)
+        value = value.producer.input(0)
+    return list(reversed(chain))
+
+
+def test_io_copy_where_a_value_leaves_or_enters_the_gpu(tmp_path):
+    # OpenCL runs no Erf: it runs on ARM, whose memory is the host's
+    ctx, _ = placed(tmp_path, erf_between_convs(), "opencl/fp16/nchw,arm/fp32/nchw")
+    graph = ctx.graph
+    erf = graph.nodes_of_type("Erf")[0]
+    assert erf.metadata["mirserve.place"].startswith("arm/")
+    into_erf = [(cast_kind(n), n.metadata["mirserve.kernel"]) for n in _cast_chain(erf.input(0))]
+    assert into_erf[0] == ("io_copy", "opencl:mirserve.io_copy:1-:any:any:device_to_host")
+    conv_b = next(n for n in graph if n.name == "conv_b")
+    assert ("io_copy", "opencl:mirserve.io_copy:1-:any:any:host_to_device") in \
+        [(cast_kind(n), n.metadata["mirserve.kernel"]) for n in _cast_chain(conv_b.input(0))]
+    out_chain = [cast_kind(n) for n in _cast_chain(graph.outputs[0])]
+    assert "io_copy" in out_chain and "calib" in out_chain  # back to host memory, in float
+
+
+def test_a_copy_between_two_devices_goes_through_the_host(tmp_path):
+    ctx, _ = placed(tmp_path, erf_between_convs(), "opencl/fp16/nchw,cuda/fp16/nchw")
+    erf = ctx.graph.nodes_of_type("Erf")[0]
+    assert erf.metadata["mirserve.place"] == "cuda/fp16/nchw"
+    chain = [n.metadata["mirserve.kernel"] for n in _cast_chain(erf.input(0))]
+    assert chain == ["opencl:mirserve.io_copy:1-:any:any:device_to_host",
+                     "cuda:mirserve.io_copy:1-:any:any:host_to_device"]
+
+
+def test_fp16_storage_keeps_weights_half_with_one_calib_each(tmp_path):
+    ctx, out = placed(tmp_path, two_convs(), "x86/fp32/nchw", fp16_storage=True)
+    stored = onnx.load(str(out))
+    assert {t.data_type for t in stored.graph.initializer} == {TensorProto.FLOAT16}
+    calibs = [n for n in ctx.graph if cast_kind(n) == "calib"]
+    assert len(calibs) == 2 and all(n.input(0).is_initializer for n in calibs)
+
+
+def test_portable_output_has_standard_ops_only(tmp_path):
+    ctx, out = placed(tmp_path, two_convs(), "arm/fp16/nhwc,arm/fp32/nchw", portable=True)
+    stored = onnx.load(str(out))
+    assert {n.domain for n in stored.graph.node} == {""} and not stored.functions
+    kinds = {n.op_type: {p.key: p.value for p in n.metadata_props}.get("mirserve.cast")
+             for n in stored.graph.node}
+    assert kinds.get("Cast") == "calib"
+    # no NHWC form without the own domain: the convolutions run NCHW
+    assert all(n.metadata["mirserve.place"].endswith("nchw") for n in ctx.graph.nodes_of_type("Conv"))

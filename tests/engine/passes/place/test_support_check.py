@@ -1,0 +1,105 @@
+"""support_check, --check-support and --no-host-fallback."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import CORPUS, make_model, save_proto, tensor, vinfo
+from worker.engine.api import OptimizeOptions, optimize
+from worker.engine.cli import main
+from worker.engine.errors import UnsupportedOpsError
+
+
+def model_with_unknown_ops(path):
+    """Relu -> com.example.Frobnicate (x2) -> com.example.Blur -> Relu: two op types no table knows."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="first_relu"),
+             helper.make_node("Frobnicate", ["a"], ["b"], domain="com.example", name="frob_1"),
+             helper.make_node("Frobnicate", ["b"], ["c"], domain="com.example", name="frob_2"),
+             helper.make_node("Blur", ["c"], ["d"], domain="com.example", name="blur"),
+             helper.make_node("Relu", ["d"], ["y"], name="last_relu")]
+    graph = helper.make_graph(nodes, "g", [vinfo("x", shape=[1, 4])], [vinfo("y", shape=[1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 10
+    return save_proto(model, path)
+
+
+def test_unsupported_ops_fail_with_one_message_listing_all(tmp_path):
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    with pytest.raises(UnsupportedOpsError) as info:
+        optimize(source, tmp_path / "out.onnx", OptimizeOptions(places="arm/fp16/nhwc,arm/fp32/nchw"))
+    message = str(info.value)
+    assert "2 op types have no kernel in any valid place" in message
+    assert "com.example.Frobnicate (nodes frob_1, frob_2)" in message
+    assert "com.example.Blur (node blur)" in message
+    assert "arm/fp16/nhwc,arm/fp32/nchw,host/fp16/nhwc,host/fp32/nchw" in message
+    assert "Relu" not in message
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_check_support_only_reports_and_writes_nothing(tmp_path):
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(check_support_only=True))
+    support = report["support"]
+    assert support["supported"] is False and support["op_types"] == 3
+    assert support["unsupported"] == [{"op": "com.example.Blur", "nodes": ["blur"]},
+                                      {"op": "com.example.Frobnicate", "nodes": ["frob_1", "frob_2"]}]
+    assert [t["pass"] for t in report["trace"]] == ["type_inference", "support_check"]
+    assert report["model"]["output"] is None and not (tmp_path / "out.onnx").exists()
+
+
+def test_cli_check_support(tmp_path, capsys):
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    assert main(["optimize", str(source), "-o", str(tmp_path / "o.onnx"), "--check-support"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 3 op types have no kernel" in out and "com.example.Frobnicate: frob_1, frob_2" in out
+    good = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    assert main(["optimize", str(good), "-o", str(tmp_path / "o.onnx"), "--check-support",
+                 "--places", "opencl/fp16/nchw,arm/fp32/nchw"]) == 0
+    assert "has a kernel in the valid places" in capsys.readouterr().out
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_no_host_fallback_drops_the_host_places(tmp_path):
+    # And (bool) has no ARM kernel: with the host fallback it runs on the host, without it nowhere
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["p"]), helper.make_node("And", ["p", "p"], ["q"]),
+             helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT)]
+    model = make_model(nodes, [vinfo("x", shape=[4])], [vinfo("y", shape=[4])],
+                       [tensor("zero", np.zeros(4, np.float32))])
+    source = save_proto(model, tmp_path / "m.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places="arm/fp32/nchw"))
+    assert "host/fp32/nchw" in report["places"]
+    node = next(n for n in report["kernels"]["nodes"] if n["op"] == "And")
+    assert node["place"] == "host/bool/nchw"
+    with pytest.raises(UnsupportedOpsError, match=r"And \(node "):
+        optimize(source, tmp_path / "out2.onnx", OptimizeOptions(places="arm/fp32/nchw", host_fallback=False))
+    assert main(["optimize", str(source), "-o", str(tmp_path / "o.onnx"), "--places", "arm/fp32/nchw",
+                 "--no-host-fallback"]) == 1
+
+
+def test_every_corpus_op_is_supported_on_the_done_when_places(tmp_path):
+    from tests.conftest import CORPUS_SHAPES
+    for name in CORPUS_SHAPES:
+        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "x86/fp32/nchw"):
+            report = optimize(CORPUS / name, tmp_path / name,
+                              OptimizeOptions(places=places, check_support_only=True,
+                                              input_shapes=CORPUS_SHAPES[name]))
+            assert report["support"]["supported"], (name, places, report["support"]["unsupported"])
+    assert not list(tmp_path.iterdir())
+
+
+def test_targets_command_lists_each_targets_kernels(capsys):
+    assert main(["targets", "--json"]) == 0
+    targets = {t["name"]: t for t in json.loads(capsys.readouterr().out)}
+    assert set(targets) >= {"host", "x86", "arm", "cuda", "opencl", "npu"}
+    arm = targets["arm"]
+    assert arm["memory_space"] == "host" and "Paddle-Lite" in arm["source"]
+    ids = {k["id"] for k in arm["kernels"]}
+    assert "arm:Conv:1-21:fp16:nhwc" in ids and "arm:mirserve.FusedConvRelu:1-:fp16:nchw" in ids
+    assert main(["targets"]) == 0
+    text = capsys.readouterr().out
+    assert "opencl (memory: opencl;" in text and "mirserve.io_copy" in text

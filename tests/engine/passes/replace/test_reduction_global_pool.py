@@ -1,0 +1,57 @@
+"""reduction_global_pool_replace: spatial ReduceMean/ReduceMax with keepdims -> global pooling."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.conftest import tensor, vinfo
+from tests.engine.passes.fuse.builders import inferred_model
+from tests.engine.passes.fuse.harness import optimize
+
+PASS = "reduction_global_pool_replace"
+
+
+def reduce(op, x, out, axes, opset, keepdims=1, name=None):
+    name = name or out
+    if opset >= 18:
+        return [helper.make_node(op, [x, f"{name}_axes"], [out], keepdims=keepdims, name=name)], \
+               [tensor(f"{name}_axes", np.array(axes, np.int64))]
+    return [helper.make_node(op, [x], [out], axes=axes, keepdims=keepdims, name=name)], []
+
+
+def model(steps, opset=13, x_shape=(1, 3, 5, 4)):
+    nodes, inits, last = [], [], "x"
+    for i, (op, axes, keep) in enumerate(steps):
+        out = "y" if i == len(steps) - 1 else f"r{i}"
+        n, t = reduce(op, last, out, axes, opset, keep)
+        nodes += n
+        inits += t
+        last = out
+    return inferred_model(nodes, [vinfo("x", shape=list(x_shape))], ["y"], inits, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [11, 18])
+@pytest.mark.parametrize("op,pool", [("ReduceMean", "GlobalAveragePool"), ("ReduceMax", "GlobalMaxPool")])
+def test_one_reduction_over_h_and_w(tmp_path, opset, op, pool):
+    out = optimize(tmp_path, model([(op, [2, -1], 1)], opset), [PASS])
+    assert out.ops == [pool] and not out.model.graph.initializers
+
+
+@pytest.mark.parametrize("opset", [11, 18])
+@pytest.mark.parametrize("order", [([2], [3]), ([3], [2])])
+def test_mean_over_h_then_w(tmp_path, opset, order):
+    out = optimize(tmp_path, model([("ReduceMean", order[0], 1), ("ReduceMean", order[1], 1)], opset), [PASS])
+    assert out.ops == ["GlobalAveragePool"]
+
+
+def test_three_d_spatial(tmp_path):
+    out = optimize(tmp_path, model([("ReduceMean", [2, 3, 4], 1)], x_shape=(1, 2, 3, 3, 3)), [PASS])
+    assert out.ops == ["GlobalAveragePool"]
+
+
+def test_keepdims_zero_and_partial_axes_are_refused(tmp_path):
+    out = optimize(tmp_path, model([("ReduceMean", [2, 3], 0)]), [PASS])
+    assert out.ops == ["ReduceMean"] and out.refused("keepdims=0")
+    out = optimize(tmp_path, model([("ReduceMean", [1, 2, 3], 1)]), [PASS])
+    assert out.ops == ["ReduceMean"] and out.refused("average dims [1, 2, 3], not exactly the spatial dims")

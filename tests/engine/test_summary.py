@@ -1,0 +1,123 @@
+"""The readable summary: built from a real run's report, printed as tables that fit the terminal, or as JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import CORPUS
+from worker.engine.cli import main
+from worker.engine.summary import build_summary, render_summary
+
+CLS = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+ARM_PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
+
+
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory):
+    """The classifier on ARM fp16/NHWC: fused ops, layout and precision casts, a host fallback."""
+    out = tmp_path_factory.mktemp("summary")
+    report_path = out / "report.json"
+    code = main(["optimize", str(CLS), "-o", str(out / "cls.onnx"), "--input-shape", "x=1,3,48,192",
+                 "--places", ARM_PLACES, "--report", str(report_path), "--quiet"])
+    assert code == 0
+    return json.loads(report_path.read_text())
+
+
+@pytest.mark.models
+def test_the_summary_accounts_for_every_node_before_and_after(cls_run):
+    summary = cls_run["summary"]
+    model = cls_run["model"]
+    assert sum(r["before"] for r in summary["op_types"]) == model["input"]["nodes"] == summary["nodes"]["before"]
+    assert sum(r["after"] for r in summary["op_types"]) == model["output"]["nodes"] == summary["nodes"]["after"]
+    by_op = {r["op"]: r for r in summary["op_types"]}
+    assert by_op["Conv"]["before"] > 0 and by_op["Conv"]["after"] == 0  # every Conv fused or made NHWC
+    assert sum(summary["nodes_per_place"].values()) == model["output"]["nodes"]
+    kinds = [c["cast"] for c in cls_run["kernels"]["casts"]]
+    assert summary["casts"] == {"io_copy": kinds.count("io_copy"), "calib": kinds.count("calib"),
+                                "layout": kinds.count("layout")}
+    assert summary["casts"]["layout"] > 0 and summary["casts"]["calib"] > 0
+
+
+@pytest.mark.models
+def test_host_fallbacks_name_the_op_and_why_no_listed_place_runs_it(cls_run):
+    fallbacks = cls_run["summary"]["host_fallbacks"]
+    on_host = [n for n in cls_run["kernels"]["nodes"]
+               if n["place"].startswith("host/") and not n["op"] in ("mirserve.layout", "mirserve.calib",
+                                                                      "mirserve.io_copy")]
+    assert sum(f["nodes"] for f in fallbacks) == len(on_host) > 0
+    for fallback in fallbacks:
+        assert fallback["place"].startswith("host/") and fallback["examples"]
+        assert fallback["reason"] == f"no kernel for {fallback['op']} on arm"
+
+
+@pytest.mark.models
+def test_memory_verification_and_macs_come_from_the_report(cls_run):
+    summary, memory = cls_run["summary"], cls_run["memory"]
+    (space,) = summary["memory_spaces"]
+    (arena,) = memory["arenas"]
+    assert space["arena_bytes"] == arena["arena_bytes"] and space["weights_bytes"] == memory["weights_bytes"]["host"]
+    assert space["lower_bound_bytes"] <= space["arena_bytes"] <= space["paddle_lite_style_bytes"]
+    assert summary["macs"] == memory["macs"]["total"] > 0
+    verification = summary["verification"]
+    assert verification["passed"] is True and verification["runs"] == 1
+    assert verification["max_abs_diff"] == max(o["max_abs_diff"] for o in cls_run["verification"]["outputs"])
+    assert summary["warnings"] == []
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("width", [48, 80, 160])
+def test_tables_fit_the_terminal_width(cls_run, width):
+    text = render_summary(cls_run["summary"], width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    flat = "".join(text.split())  # narrow tables fold long cells over several lines
+    for words in ("op types", "nodes per place", "host fallbacks", "memory per space", "verification",
+                  "mirserve.FusedConvHardSigmoid", "arm/fp16/nhwc", "28,224"):
+        assert "".join(words.split()) in flat, words
+
+
+@pytest.mark.models
+def test_the_cli_prints_tables_or_json(tmp_path, capsys):
+    args = ["optimize", str(CLS), "-o", str(tmp_path / "cls.onnx"), "--input-shape", "x=1,3,48,192",
+            "--no-verify", "--places", ARM_PLACES]
+    assert main([*args, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["nodes"]["before"] == 566 and printed["verification"]["passed"] is None
+    assert printed["verification"]["skipped"] == "verification was turned off" and printed["warnings"] == []
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {tmp_path / 'cls.onnx'}: 566 -> ") and "host fallbacks" in out
+    assert "total" in out and "not verified" in out
+
+
+def test_fallback_reasons_tell_a_missing_kernel_from_one_that_did_not_apply():
+    report = {"options": {"places": "arm/fp16/nchw,cuda/fp16/nchw"},
+              "kernels": {"nodes": [
+                  {"node": "a", "op": "Erf", "kernel": "host:Erf:13-:fp32:any", "place": "host/fp32/nchw"},
+                  {"node": "b", "op": "Erf", "kernel": "host:Erf:13-:fp32:any", "place": "host/fp32/nchw"},
+                  {"node": "c", "op": "mirserve.NhwcConv", "kernel": "host:Conv:11-:fp32:any",
+                   "place": "host/fp32/nchw"},
+                  {"node": "d", "op": "mirserve.io_copy", "kernel": "host:mirserve.io_copy:1-:any:any",
+                   "place": "host/fp32/nchw"},
+                  {"node": "e", "op": "Relu", "kernel": "arm:Relu:14-:fp16:nchw", "place": "arm/fp16/nchw"}]}}
+    registered = {("Conv", "arm")}
+    summary = build_summary(report, has_kernel=lambda op, target: (op, target) in registered)
+    assert summary["host_fallbacks"] == [
+        {"op": "Erf", "place": "host/fp32/nchw", "nodes": 2, "examples": ["a", "b"],
+         "reason": "no kernel for Erf on arm or cuda"},
+        {"op": "Conv", "place": "host/fp32/nchw", "nodes": 1, "examples": ["c"],
+         "reason": "arm has Conv kernels, but none accepts this node's element types, attributes or opset; "
+                   "cuda has none"}]
+
+
+def test_a_host_place_the_user_listed_is_no_fallback():
+    report = {"options": {"places": "arm/fp32/nchw,host/fp32/nchw"},
+              "kernels": {"nodes": [{"node": "a", "op": "Erf", "kernel": "host:Erf:13-:fp32:any",
+                                     "place": "host/fp32/nchw"}]}}
+    assert build_summary(report)["host_fallbacks"] == []
+
+
+def test_an_empty_report_gives_an_empty_summary_that_still_renders():
+    summary = build_summary({})
+    assert summary["op_types"] == [] and summary["memory_spaces"] == [] and summary["host_fallbacks"] == []
+    assert "not verified" in render_summary(summary, width=60)

@@ -1,0 +1,260 @@
+"""The engine's one entry point: model path, places, options, progress callback -> optimized model, report.
+
+The CLI and the service's job runner both call ``optimize``; neither reaches deeper into the engine. The
+job side and the service import this module and ``worker.engine.errors`` only (a test checks it), so what
+they need besides ``optimize`` is here too: the listings, the command line to extend, and child processes
+that die with their parent.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from worker import __version__
+from worker.engine.children import die_with_parent
+from worker.engine.cli import (add_option_arguments, add_output_arguments, add_picture_arguments,
+                               add_plugin_argument, build_parser, check_picture_targets, options_from_args,
+                               print_outcome, write_pictures)
+from worker.engine.cli import main as run_cli
+from worker.engine.errors import OptionsError
+from worker.engine.ir import load_model, save_model
+from worker.engine.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, verify
+from worker.engine.memory import formulas
+from worker.engine.sample_shapes import first_choice, graph_specs, has_open_dims
+from worker.engine.options import OptimizeOptions
+from worker.engine.passes import REGISTRY, PassContext, PassManager
+from worker.engine.inference import apply_input_shapes
+from worker.engine.passes.pipelines import all_pipelines, get_pipeline, pass_names
+from worker.engine.kernels import default_table
+from worker.engine.places import Precision, ValidPlaces, all_targets, parse_places
+from worker.engine.plugins import catalog
+from worker.engine.plugins.loader import PLUGINS
+from worker.engine.memory.timeline_svg import render_timeline
+from worker.engine.summary import build_summary, op_type_counts, render_summary, render_table
+from worker.engine.trace_events import chrome_trace
+from worker.engine.trace_svg import render_trace
+
+__all__ = ["__version__", "add_option_arguments", "add_output_arguments", "add_picture_arguments",
+           "add_plugin_argument", "build_parser", "check_picture_targets", "chrome_trace", "die_with_parent",
+           "draw_command", "list_all", "list_filters", "list_passes", "list_pipelines", "list_plugins",
+           "list_targets", "memory_at", "optimize", "OptimizeOptions", "options_from_args", "OptionsError",
+           "print_outcome", "render_summary", "render_table", "render_timeline", "render_trace", "run_cli",
+           "validate_options", "write_pictures"]
+
+Progress = Callable[[int, int, str], None]
+
+
+def validate_options(options: OptimizeOptions) -> ValidPlaces:
+    """Every check that needs no model: types and ranges, places, pipeline, pass and filter names.
+
+    Plugins are loaded first; a name missing because its plugin failed to load fails with that plugin's error.
+    """
+    options.check_types()
+    PLUGINS.ensure_loaded()  # before the places: a plugin may add a target
+    places = parse_places(options.places, host_fallback=options.host_fallback)
+    catalog.check_options(options)
+    return places
+
+
+def tolerances(options: OptimizeOptions, places: ValidPlaces) -> tuple[float, float]:
+    """The user's tolerances, or defaults: looser when any place or the weights are fp16."""
+    half = options.fp16_storage or any(p.precision is Precision.FP16 for p in places)
+    rtol, atol = (FP16_RTOL, FP16_ATOL) if half else (DEFAULT_RTOL, DEFAULT_ATOL)
+    return (options.rtol if options.rtol is not None else rtol,
+            options.atol if options.atol is not None else atol)
+
+
+def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
+             options: OptimizeOptions = OptimizeOptions(), progress: Progress | None = None, *,
+             external_data_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Optimize the model at ``model_path`` into ``output_path`` and return the report.
+
+    The output appears only once it is complete and (unless ``options.verify`` is off) verified.
+    ``external_data_dir`` is where the model's external data may be read from; give it only for a model
+    you trust (the command line gives a local model's own directory); without it, a model that names
+    external data anywhere is refused. Raises a MirserveError subclass for anything the user can fix.
+    """
+    started = time.perf_counter()
+    places = validate_options(options)
+    model_path, output_path = Path(model_path), Path(output_path)
+    directory = output_path.parent if str(output_path.parent) else Path(".")
+    if not directory.is_dir():
+        raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
+    model = load_model(model_path, external_data_dir=external_data_dir)
+    apply_input_shapes(model.graph, options.input_shapes)
+    before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
+              "op_types": op_type_counts(model.graph)}
+    ctx = PassContext(model=model, options=options, places=places, kernels=default_table())
+    manager = PassManager(progress=progress)
+    if options.check_support_only:
+        return _support_report(ctx, manager, before, places, started)
+    cut = bool(options.cut_start or options.cut_end)
+    # Shapes for open input dims, chosen on the input model before the pipeline, so the memory plan plans at
+    # them; a cut model's inputs are other values, for which verification chooses its own.
+    ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options)
+    with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
+        trace = manager.run(ctx, (*cut_steps, *get_pipeline(options.pipeline).steps_for(options)))
+        rtol, atol = tolerances(options, places)
+        verification: dict[str, Any] | None = None
+        # A cut model has the start values for inputs: the shapes given for inputs it lost do not apply.
+        shapes = {k: v for k, v in options.input_shapes.items() if model.graph.value(k) is not None
+                  and model.graph.value(k).is_graph_input}
+
+        def check(candidate: Path) -> None:
+            nonlocal verification
+            if options.verify:
+                shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
+                verification = verify(str(reference), str(candidate), input_shapes=shapes,
+                                      shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol)
+                if ctx.sample_shapes and ctx.sample_shapes["dims"]:
+                    verification.update(dims=ctx.sample_shapes["dims"], roles=ctx.sample_shapes["roles"],
+                                        tried=ctx.sample_shapes["tried"])
+
+        saved = save_model(model, output_path, check=check)
+    report: dict[str, Any] = {
+        "version": __version__,
+        "model": {"input": before, "output": {"path": str(output_path), "nodes": len(model.graph),
+                                              "bytes": saved.bytes, "op_types": op_type_counts(model.graph),
+                                              "external_data": str(saved.external_data) if saved.external_data
+                                              else None}},
+        "places": [str(p) for p in places],
+        "pipeline": options.pipeline,
+        "options": options.to_dict(),
+        "trace": trace,
+        "verification": verification,
+        "memory": None,  # filled by the memory_plan pass when the pipeline runs it
+        "plugins": catalog.list_plugins(),
+        "warnings": [{"kind": "pass_failed", "pass": f.pass_name, "message": f.message, **f.to_dict()}
+                     for f in manager.failures],
+    }
+    report.update(ctx.report)
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    report["summary"] = build_summary(report, has_kernel=lambda op, target: _has_kernel(ctx.kernels, op, target))
+    return report
+
+
+def memory_at(memory: Mapping[str, Any], dims: str) -> dict[str, Any]:
+    """A report's memory figures at other sizes of its open input dims (``batch=8,seq=512``), from the formulas
+    the memory plan fitted; raises OptionsError (field ``dims``) for dims the model does not have or lacks."""
+    return formulas.memory_at(memory, dims)
+
+
+def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> dict[str, Any] | None:
+    """Shapes for the input dims the user left open, or None when there are none: chosen by running the
+    input model (``choose_shapes``) when verification is on, else the first choice untried."""
+    specs = graph_specs(model.graph)
+    if not has_open_dims(specs, options.input_shapes):
+        return None
+    if options.verify:
+        chosen = choose_shapes(str(model_path), given=options.input_shapes)
+        return chosen if chosen.get("shapes") else None
+    try:
+        return first_choice(specs, options.input_shapes)
+    except ValueError:  # an input without a rank: nothing to sample
+        return None
+
+
+#: What runs before the pipeline when cut_start / cut_end are set: the cut needs the starts' types.
+CUT_STEPS = ("type_inference", "cut_subgraph")
+
+
+@contextmanager
+def _cut_first(ctx: PassContext, manager: PassManager, model_path: Path, directory: Path):
+    """Yields the steps that cut the model before the pipeline (none without cut_start / cut_end) and the
+    model file the optimized one is verified against: the cut model, saved right after the cut, or the input."""
+    if not ctx.options.cut_start and not ctx.options.cut_end:
+        yield (), model_path
+        return
+    with tempfile.TemporaryDirectory(prefix=".mirserve-cut-", dir=directory) as scratch:
+        reference = Path(scratch) / "cut.onnx"
+        manager.instruments.append(_SaveAfter("cut_subgraph", reference))
+        yield CUT_STEPS, reference
+
+
+class _SaveAfter:
+    """An instrument that saves the model as it is right after one pass."""
+
+    def __init__(self, pass_name: str, path: Path):
+        self.pass_name, self.path = pass_name, path
+
+    def before_pass(self, ctx: PassContext, pass_) -> None:
+        pass
+
+    def after_pass(self, ctx: PassContext, pass_, entry: dict[str, Any]) -> None:
+        if pass_.name == self.pass_name:
+            save_model(ctx.model, self.path)
+
+
+def draw_command(model: str | os.PathLike, output: str | os.PathLike, *, memory_limit_mb: int, max_nodes: int,
+                 title: str) -> list[str]:
+    """The command that draws a model's graph (``mirserve draw``) in a child process that limits its own
+    address space first: for a model that came from an upload."""
+    import sys
+
+    return [sys.executable, "-m", "worker.engine.draw", str(model), "-o", str(output), "--title", title,
+            "--memory-limit-mb", str(memory_limit_mb), "--max-nodes", str(max_nodes)]
+
+
+def _has_kernel(kernels, qualified_op: str, target: str) -> bool:
+    domain, _, op = qualified_op.rpartition(".")
+    return kernels.has_kernel(op, domain, [target])
+
+
+def _support_report(ctx: PassContext, manager: PassManager, before: dict, places: ValidPlaces,
+                    started: float) -> dict[str, Any]:
+    """--check-support: type inference and the support check only; nothing is written."""
+    steps = CUT_STEPS if ctx.options.cut_start or ctx.options.cut_end else ("type_inference",)
+    trace = manager.run(ctx, (*steps, "support_check"))
+    return {"version": __version__, "model": {"input": before, "output": None},
+            "places": [str(p) for p in places], "pipeline": None, "options": ctx.options.to_dict(),
+            "trace": trace, "verification": None, "support": ctx.report.get("support"),
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def list_targets() -> list[dict[str, Any]]:
+    """Every registered target with its memory, the source of its kernel table, and its kernels."""
+    PLUGINS.ensure_loaded()
+    table = default_table()
+    found = []
+    for target in all_targets():
+        kernels = sorted(table.by_target(target.name), key=lambda k: (k.domain, k.op, k.since))
+        found.append({"name": target.name, "memory_space": target.memory_space,
+                      "description": target.description, "origin": target.origin,
+                      "source": table.source(target.name),
+                      "kernels": [{"id": k.id, "op": k.qualified_op, "since": k.since, "until": k.until,
+                                   "precision": k.precision.value, "layout": k.layout.value,
+                                   "variant": k.variant or None, "origin": k.origin} for k in kernels]})
+    return found
+
+
+def list_passes() -> list[dict[str, Any]]:
+    """Every registered pass with its metadata and its position in the default pipeline (1-based)."""
+    PLUGINS.ensure_loaded()
+    default = get_pipeline("default")
+    order = {name: i for i, name in enumerate(pass_names(default.steps), start=1)}
+    return [{**p.info.to_dict(), "position": order.get(p.name)} for p in REGISTRY]
+
+
+def list_pipelines() -> list[dict[str, Any]]:
+    PLUGINS.ensure_loaded()
+    return [p.to_dict() for p in all_pipelines()]
+
+
+def list_filters() -> list[dict[str, Any]]:
+    """Plugin filters in run order, then pre- and post-callbacks, each with its origin and stage."""
+    return catalog.list_filters()
+
+
+def list_plugins() -> list[dict[str, Any]]:
+    """Every plugin found (path, entry point, --plugin), loaded or failed with its error."""
+    return catalog.list_plugins()
+
+
+def list_all() -> dict[str, Any]:
+    """What ``mirserve passes --json`` prints and the service's pass listing serves."""
+    return {"passes": list_passes(), "filters": list_filters(), "filter_bands": catalog.list_bands(),
+            "pipelines": list_pipelines(), "plugins": list_plugins()}

@@ -1,0 +1,358 @@
+"""Type inference: a dtype and a shape for every value, nested bodies included (the library behind the
+``type_inference`` pass, and the memory plan's analysis at sample sizes).
+
+onnx's shape inference (with data propagation) does most of the work, but it cannot see through shape
+subgraphs whose values it does not know (Shape -> Slice -> Concat -> Reshape, Range, Expand), and it keeps
+stale value_info that exporters and quantizers leave behind. So we infer from scratch, from the user's input
+shapes (like NNVM's shape dict, or onnxsim's overwrite-input-shape), then evaluate the small tensors whose
+values are now known (shape arithmetic) and infer again with them as constants, until nothing new is learned.
+Dims keep their symbolic names where they stay unknown; values left without a type are listed in the trace.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from worker.engine.errors import OptionsError
+from worker.engine.evaluate import evaluate
+from worker.engine.ir import Graph, Model, Value, model_to_proto
+from worker.engine.ir.serde import type_from_proto
+from worker.engine.ir.value import Dim, Shape
+from worker.engine.kernels.ops import SHAPE_INPUTS
+
+#: Largest tensor (in elements) whose value type inference computes to learn shapes.
+MAX_EVALUATED = 4096
+MAX_ROUNDS = 6
+#: Input slots whose values (not only shapes) decide an output's shape.
+VALUE_SHAPED = {**SHAPE_INPUTS, "Loop": frozenset({0, 1}), "If": frozenset({0}), "Compress": frozenset({1}),
+                "NonZero": frozenset({0}), "Upsample": frozenset({1})}
+#: Ops whose output size follows from input values, bounded before evaluating them.
+_SIZED_BY_VALUE = {"ConstantOfShape", "Expand", "Tile", "Range"}
+
+
+def apply_input_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Fix the shapes of graph inputs, refusing names the model lacks and dims that contradict it."""
+    inputs = {v.name: v for v in graph.inputs if not v.is_initializer}
+    for name, dims in shapes.items():
+        value = inputs.get(name)
+        if value is None:
+            raise OptionsError(f"input shape given for {name!r}, but the model's inputs are "
+                               f"{', '.join(repr(n) for n in inputs) or 'none'}", field="input_shapes")
+        dims = tuple(int(d) for d in dims)
+        if value.shape is not None and len(value.shape) != len(dims):
+            raise OptionsError(f"input shape of {name!r} has {len(dims)} dims, the model declares rank "
+                               f"{len(value.shape)} ({_show(value.shape)})", field="input_shapes")
+        for axis, (declared, given) in enumerate(zip(value.shape or dims, dims)):
+            if isinstance(declared, int) and declared != given:
+                raise OptionsError(f"input shape of {name!r}: dim {axis} is {declared} in the model, "
+                                   f"{given} given", field="input_shapes")
+        value.shape = dims
+
+
+def _show(shape: Shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def infer_types(model: Model) -> dict:
+    """Type every value of ``model`` from its input shapes; returns the coverage figures for the trace."""
+    figures: dict = {}
+    known: dict[str, np.ndarray] = {}
+    rounds = 0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        error = _infer_with_onnx(model, known)
+        if error:
+            figures["onnx_inference_error"] = error
+        _infer_loop_outputs(model.graph, known)
+        _forget_runtime_shapes(model)
+        if not _propagate_values(model.graph, known, model.opset("")):
+            break
+    figures.update(_coverage(model.graph), rounds=rounds, evaluated_values=len(known))
+    return figures
+
+
+@contextmanager
+def types_at(model: Model, shapes: Mapping[str, Sequence[int]]) -> Iterator[None]:
+    """Within the block, every value is typed as it would be with these input shapes (an analysis at one size
+    of a model whose dims are open: the memory plan at sample sizes); on exit every type is as before."""
+    saved = [(value, value.dtype, value.shape, value.type_proto)
+             for graph in model.graph.all_graphs() for value in graph.values()]
+    try:
+        apply_input_shapes(model.graph, shapes)
+        infer_types(model)
+        yield
+    finally:
+        for value, dtype, shape, type_proto in saved:
+            value.dtype, value.shape, value.type_proto = dtype, shape, type_proto
+
+
+def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
+    proto = model_to_proto(model, with_weights=False, value_info=False)
+    _forget_output_shapes(proto.graph)
+    _substitute_known(proto.graph, known)
+    _cut_runtime_shapes(model, proto.graph)
+    try:
+        inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference of some op failed: keep what we have and say so
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    types: dict[str, onnx.TypeProto] = {}
+    _collect_types(inferred.graph, types)
+    for graph in model.graph.all_graphs():
+        for value in graph.values():
+            found = types.get(value.name)
+            if found is not None and not value.is_initializer and not value.is_graph_input:
+                _merge(value, *type_from_proto(found))
+    return None
+
+
+def _forget_output_shapes(graph: onnx.GraphProto) -> None:
+    """Graph outputs keep their dtype for inference; their declared shapes may be stale."""
+    for output in graph.output:
+        if output.type.HasField("tensor_type"):
+            output.type.tensor_type.ClearField("shape")
+
+
+def _substitute_known(graph: onnx.GraphProto, known: dict[str, np.ndarray]) -> None:
+    """Nodes whose every output value is known become initializers, so inference sees their data."""
+    if not known:
+        return
+    kept = []
+    for node in graph.node:
+        outputs = [o for o in node.output if o]
+        if outputs and all(o in known for o in outputs):
+            graph.initializer.extend(onnx.numpy_helper.from_array(known[o], o) for o in outputs)
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _collect_types(graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    for info in list(graph.value_info) + list(graph.output):
+        types[info.name] = info.type
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _collect_types(attr.g, types)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for body in attr.graphs:
+                    _collect_types(body, types)
+
+
+def _merge(value: Value, dtype: int, shape: Shape | None, other) -> None:
+    if other is not None:
+        value.type_proto = other
+        return
+    if dtype:
+        value.dtype = dtype
+    if shape is None:
+        return
+    if value.shape is None or len(value.shape) != len(shape):
+        value.shape = shape
+        return
+    value.shape = tuple(_merge_dim(old, new) for old, new in zip(value.shape, shape))
+
+
+def _merge_dim(old: Dim, new: Dim) -> Dim:
+    """Static beats symbolic beats unknown; a name from the model beats one onnx made up (unk__N)."""
+    if isinstance(new, int):
+        return new
+    if isinstance(old, int):
+        return old
+    if isinstance(new, str) and not new.startswith("unk__"):
+        return new
+    return old if old is not None else new
+
+
+#: Reductions whose output shape onnxruntime does not compute as onnx infers it when the input is empty: it
+#: gives back the input's shape ([0, 2] reduced over its last axis: [0, 2], where onnx says [0, 1]).
+REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                        "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
+
+
+def _runtime_shaped(model: Model) -> list:
+    """Nodes of the main graph whose output shape onnx infers but the runtime does not compute."""
+    found = []
+    for node in model.graph:
+        data = node.input(0)
+        if node.domain or node.op_type not in REDUCTIONS or data is None or data.shape is None:
+            continue
+        if any(d == 0 for d in data.shape):  # onnxruntime: [0, 2] -> [0, 2] over axis 1, [0] -> [0] over axis 0
+            found.append(node)
+    return found
+
+
+def _cut_runtime_shapes(model: Model, graph: onnx.GraphProto) -> None:
+    """Such nodes' outputs reach onnx's inference as graph inputs of unknown shape, so nothing downstream
+    takes onnx's shape for them either."""
+    cut = {node.output(0).name: node.input(0).dtype for node in _runtime_shaped(model) if node.input(0).dtype}
+    if not cut:
+        return
+    kept = [n for n in graph.node if not any(o in cut for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(kept)
+    # a reduction keeps its input's element type
+    graph.input.extend(onnx.helper.make_tensor_value_info(name, dtype, None) for name, dtype in cut.items())
+
+
+def _forget_runtime_shapes(model: Model) -> None:
+    """Shapes onnx infers but the runtime (which verification compares against) does not compute: left
+    unknown, so that no rewrite relies on them."""
+    for node in _runtime_shaped(model):
+        node.output(0).shape = None
+
+
+def _infer_loop_outputs(graph: Graph, known: dict[str, np.ndarray]) -> None:
+    """Shapes onnx leaves out: a carried value whose body keeps its static shape keeps it after the loop,
+    and a scan output of a loop that only the trip count can stop is [trip count] + the body's shape."""
+    for body_graph in list(graph.all_graphs()):
+        for node in body_graph.nodes_of_type("Loop"):
+            body = node.attr("body")
+            carried = len(node.inputs) - 2
+            for i in range(min(carried, len(node.outputs))):
+                initial, inside = node.input(2 + i), body.outputs[1 + i]
+                if initial is not None and initial.is_static and inside.is_static \
+                        and initial.shape == inside.shape and initial.dtype == inside.dtype:
+                    _merge(node.outputs[i], initial.dtype, initial.shape, None)
+            trips = _trip_count(node, body, known)
+            for k, out in enumerate(node.outputs[carried:]):
+                inside = body.outputs[1 + carried + k]
+                if trips is not None and inside.is_static:
+                    _merge(out, inside.dtype, (trips, *inside.shape), None)
+
+
+def _trip_count(node, body: Graph, known: dict[str, np.ndarray]) -> int | None:
+    """The number of iterations when only the trip count ends the loop, else None."""
+    count = node.input(0)
+    if count is None:
+        return None
+    data = known.get(count.name)
+    data = count.constant_value() if data is None else data
+    if data is None:
+        return None
+    condition = node.input(1)
+    start_true = condition is None or (condition.constant_value() is not None
+                                       and bool(np.asarray(condition.constant_value()).reshape(-1)[0]))
+    body_cond = body.outputs[0]
+    passthrough = body_cond is body.inputs[1] or (
+        body_cond.producer is not None and body_cond.producer.op_type == "Identity"
+        and body_cond.producer.input(0) is body.inputs[1])
+    return int(np.asarray(data).reshape(-1)[0]) if start_true and passthrough else None
+
+
+def _shape_sources(graph: Graph) -> set[Value]:
+    """The values some output shape depends on by value: read where an op takes a shape, axes, sizes or a
+    condition, and everything they are computed from. Evaluating anything else (a weight's DequantizeLinear,
+    say) would teach onnx's inference nothing."""
+    needed: set[Value] = set()
+    for node in graph:
+        slots = VALUE_SHAPED.get(node.op_type, ()) if node.domain == "" else ()
+        needed.update(node.input(slot) for slot in slots if node.input(slot) is not None)
+    for node in reversed(list(graph)):
+        if node.op_type in ("Shape", "Size") and node.domain == "":
+            continue  # they read their input's shape, not its value
+        if any(v in needed for v in node.outputs) or node.subgraphs():
+            needed.update(v for v in node.inputs if v is not None)
+    return needed
+
+
+def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
+    """Evaluate nodes whose inputs are known and small and whose outputs shapes depend on; returns how many
+    values became known."""
+    learned = 0
+    needed = _shape_sources(graph)
+    for node in graph:
+        if not any(v in needed for v in node.outputs) or all(v.name in known or not v.is_used for v in node.outputs):
+            continue
+        inputs = _known_inputs(node, known)
+        if inputs is None or not _small_enough(node, inputs):
+            continue
+        outputs = evaluate(node, inputs, opset, runtime=True)  # values the runtime would compute
+        if outputs is None or len(outputs) < len(node.outputs):
+            continue
+        for value, array in zip(node.outputs, outputs):
+            if array.size <= MAX_EVALUATED and value.name not in known:
+                known[value.name] = array
+                # A Constant's value is no news to onnx's inference: only computed values warrant a round.
+                learned += node.op_type != "Constant"
+                if not value.dtype:
+                    value.dtype = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+                value.shape = tuple(int(d) for d in array.shape)
+    return learned
+
+
+def _known_inputs(node, known: dict[str, np.ndarray]) -> list | None:
+    if node.op_type in ("Shape", "Size") and node.domain == "":
+        source = node.input(0)
+        if source is None or not source.is_static:
+            return None
+        return [np.empty(source.shape, dtype=np.uint8) if source.numel() <= MAX_EVALUATED
+                else np.lib.stride_tricks.as_strided(np.empty(1, np.uint8), source.shape, [0] * len(source.shape))]
+    inputs = []
+    for value in node.inputs:
+        if value is None:
+            inputs.append(None)
+            continue
+        array = known.get(value.name)
+        if array is None:
+            if value.numel() is not None and value.numel() > MAX_EVALUATED:
+                return None
+            array = value.constant_value()
+        if array is None or array.size > MAX_EVALUATED:
+            return None
+        inputs.append(array)
+    return inputs
+
+
+def _small_enough(node, inputs: list) -> bool:
+    """Bound the outputs of ops whose size comes from input values before computing them (in Python
+    integers: a hostile shape must not wrap around int64 into a small count)."""
+    out = node.outputs[0]
+    if out.numel() is not None:
+        return out.numel() <= MAX_EVALUATED
+    if node.op_type not in _SIZED_BY_VALUE:
+        return True
+    try:
+        if node.op_type == "ConstantOfShape":
+            size = math.prod(int(d) for d in np.reshape(inputs[0], -1))
+        elif node.op_type == "Expand":
+            size = math.prod(np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in np.reshape(inputs[1], -1))))
+        elif node.op_type == "Tile":
+            repeats = [int(r) for r in np.reshape(inputs[1], -1)]
+            size = inputs[0].size * math.prod(repeats) if min(repeats, default=0) >= 0 else -1
+        else:
+            start, limit, delta = (float(np.asarray(v).reshape(())) for v in inputs)
+            size = math.ceil((limit - start) / delta) if delta else MAX_EVALUATED + 1
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return False
+    return 0 <= size <= MAX_EVALUATED
+
+
+def _coverage(graph: Graph) -> dict:
+    """How many values have a dtype and a fully static shape; the ones without a type, by name."""
+    total = typed = static = 0
+    untyped: list[str] = []
+    symbolic: dict[str, None] = {}
+    for body in graph.all_graphs():
+        for value in body.values():
+            total += 1
+            if value.type_proto is not None:
+                typed += 1
+                continue
+            if not value.dtype or value.shape is None:
+                if value.is_used:
+                    untyped.append(value.name)
+                else:
+                    total -= 1  # an unused optional output: nothing to type
+                continue
+            typed += 1
+            if value.is_static:
+                static += 1
+            else:
+                symbolic.update((d, None) for d in value.shape if isinstance(d, str))
+    return {"values": total, "typed": typed, "static": static, "untyped": untyped,
+            "symbolic_dims": list(symbolic)}

@@ -1,0 +1,36 @@
+"""A model: the main graph plus everything of ModelProto that the writer must give back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.engine.ir.graph import Graph
+
+
+@dataclass
+class Model:
+    graph: Graph
+    ir_version: int
+    opset_imports: dict[str, int]
+    producer_name: str = ""
+    producer_version: str = ""
+    domain: str = ""
+    model_version: int = 0
+    doc_string: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    #: Model-local functions of the input, as FunctionProto (no pass rewrites their bodies).
+    functions: list[Any] = field(default_factory=list)
+    #: Parts of ModelProto no pass reads (training_info, configuration), kept for the writer.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def opset(self, domain: str = "") -> int:
+        """The imported opset version of a domain ("" and "ai.onnx" are the same), 0 when not imported."""
+        if domain in ("", "ai.onnx"):
+            return self.opset_imports.get("", self.opset_imports.get("ai.onnx", 0))
+        return self.opset_imports.get(domain, 0)
+
+    def node_count(self) -> int:
+        return len(self.graph)
+
+    def function_keys(self) -> set[tuple[str, str]]:
+        return {(f.domain, f.name) for f in self.functions}

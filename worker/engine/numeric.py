@@ -1,0 +1,373 @@
+"""Numeric verification: the optimized model must compute what the input model computed.
+
+Both models run on onnxruntime's CPU provider with its graph optimizations off (so the runtime does not
+"fix" either side), on seeded random inputs, in a child process: a model that crashes the runtime or eats
+all memory takes the child down, not the caller. Inputs take the user's shapes; dims the user left open
+take values the input model accepts (``choose_shapes``, with ``sample_shapes``'s roles: batch 1 and a second
+run at 2, sequences of 16, images of 224, then larger until one runs). Integer inputs are drawn from
+[0, 100) (from {0, 1} when the input's name says it is a mask).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+from worker.engine.errors import VerificationError
+
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
+FP16_RTOL, FP16_ATOL = 1e-2, 1e-3
+
+Shapes = Mapping[str, Sequence[int]]
+
+
+def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
+                  timeout: float = 900) -> dict[str, Any]:
+    """Input shapes the input model runs on, for the dims ``given`` leaves open.
+
+    Returns ``{"shapes": [first set, second set (batch 2), ...], "dims": {dim: value}, "roles": {dim: role},
+    "tried": [attempts that failed, with the error], "checked": True}``; ``checked`` is False (and the first
+    choice is returned untried) when onnxruntime cannot load the input model. Raises VerificationError,
+    naming every attempt and suggesting --input-shape, when no choice runs.
+    """
+    request = {"mode": "choose", "reference": str(reference), "seed": seed,
+               "given": {k: list(v) for k, v in (given or {}).items()}}
+    answer = _run_child(request, timeout, "choosing input shapes")
+    if answer.get("error"):
+        raise VerificationError(answer["error"])
+    return answer
+
+
+def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None,
+           shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
+           atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 900) -> dict[str, Any]:
+    """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
+
+    ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
+    the shapes are chosen here from ``input_shapes``. Returns the verification report, whose ``shapes`` say
+    what was verified; when the input model itself cannot run on onnxruntime, nothing can be proven, and
+    the report says so with ``passed`` None and the reason under ``skipped``.
+    """
+    request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
+               "rtol": rtol, "atol": atol, "seed": seed,
+               "given": {k: list(v) for k, v in (input_shapes or {}).items()},
+               "shape_sets": None if shape_sets is None else [{k: list(v) for k, v in s.items()}
+                                                              for s in shape_sets]}
+    started = time.perf_counter()
+    report = _run_child(request, timeout, "numeric verification")
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    if report.get("error"):
+        raise VerificationError(report["error"])
+    if report["passed"] is False:
+        worst = max(report["outputs"], key=lambda o: o["excess"])
+        note = f" ({worst['note']})" if worst.get("note") else ""
+        shapes = report["shapes"][worst["set"]] if report.get("shapes") else {}
+        where = f" at input shapes {_describe(shapes)}" if shapes else ""
+        raise VerificationError(
+            f"the optimized model does not compute what the input computed: output {worst['name']!r} "
+            f"differs by up to {worst['max_abs_diff']:.3g} (relative {worst['max_rel_diff']:.3g}) "
+            f"on run {worst['run']}{where}, beyond rtol {rtol:g} / atol {atol:g}{note}")
+    for entry in report["outputs"]:
+        entry.pop("excess", None)
+        for key in ("max_abs_diff", "max_rel_diff"):  # JSON has no infinity
+            if entry[key] is not None and not math.isfinite(entry[key]):
+                entry[key] = None
+    return report
+
+
+def _run_child(request: dict, timeout: float, what: str) -> dict:
+    request = {**request, "parent_pid": os.getpid()}
+    try:
+        child = subprocess.run([sys.executable, "-m", "worker.engine.numeric"], input=json.dumps(request),
+                               capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, "ORT_LOGGING_LEVEL": "3"})
+    except subprocess.TimeoutExpired:
+        raise VerificationError(f"{what} did not finish within {timeout:.0f} s") from None
+    lines = child.stdout.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        tail = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+        raise VerificationError(f"{what} crashed: {tail[:300]}")
+    return json.loads(lines[-1])
+
+
+def _describe(shapes: Shapes) -> str:
+    from worker.engine.sample_shapes import describe_shapes
+
+    return describe_shapes(shapes)
+
+
+# --- the child -------------------------------------------------------------------------------------
+_DTYPES = {"float": "float32", "float16": "float16", "double": "float64", "int64": "int64", "int32": "int32",
+           "int16": "int16", "int8": "int8", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+           "uint64": "uint64", "bool": "bool"}
+
+
+def _specs(session) -> list:
+    from worker.engine.sample_shapes import InputSpec
+
+    specs = []
+    for item in session.get_inputs():
+        element = item.type[len("tensor("):-1] if item.type.startswith("tensor(") else item.type
+        dims = None if item.shape is None else tuple(d if isinstance(d, int) else (d or None) for d in item.shape)
+        specs.append(InputSpec(item.name, element, dims))
+    return specs
+
+
+def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
+    import numpy as np
+
+    feeds = {}
+    for item in session.get_inputs():
+        dims = [int(d) for d in shapes[item.name]]
+        kind = item.type[len("tensor("):-1] if item.type.startswith("tensor(") else item.type
+        if kind not in _DTYPES:
+            raise ValueError(f"input {item.name!r} has type {item.type}, which verification cannot generate")
+        dtype = np.dtype(_DTYPES[kind])
+        if dtype == np.bool_:
+            feeds[item.name] = rng.random(dims) > 0.5
+        elif np.issubdtype(dtype, np.floating):
+            feeds[item.name] = rng.random(dims).astype(dtype)
+        else:
+            high = 2 if "mask" in item.name.lower() else 100
+            feeds[item.name] = rng.integers(0, high, dims).astype(dtype)
+    return feeds
+
+
+def _session(path: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them: bool = True) -> dict:
+    """The first level of values for the open dims on which the model runs, and batch 2 when it has one;
+    an error naming every attempt when none runs. Without open dims, the given and declared shapes."""
+    import numpy as np
+
+    from worker.engine import sample_shapes as sample
+
+    specs = _specs(session)
+    unknown = [s.name for s in specs if s.name not in given and s.dims is None]
+    if unknown:
+        return {"error": f"input {unknown[0]!r} declares no rank, so no shape can be chosen for it: give its "
+                         f"shape with --input-shape {unknown[0]}=D0,D1,..."}
+    dims = sample.open_dims(specs, given)
+    roles = {d.key: d.role for d in dims}
+    if not dims:  # nothing to choose: a model that fails on these shapes has nothing to prove
+        return {"shapes": [sample.shapes(specs, given, {})], "dims": {}, "roles": {}, "tried": [],
+                "checked": False}
+    tried: list[str] = []
+    for level in range(sample.LEVELS):
+        values = sample.assignment(dims, level)
+        shapes = sample.shapes(specs, given, values)
+        if tried and sample.describe_shapes(shapes) in (t.split(": ", 1)[0] for t in tried):
+            continue  # the same shapes as a level before (no dim of a role whose value changes)
+        error = _runs(session, shapes, np.random.default_rng(seed)) if try_them else None
+        if error is None:
+            found = [shapes]
+            second = sample.assignment(dims, level, batch=sample.SECOND_BATCH)
+            if any(d.role == "batch" for d in dims):
+                more = sample.shapes(specs, given, second)
+                more_error = _runs(session, more, np.random.default_rng(seed)) if try_them else None
+                if more_error is None:
+                    found.append(more)
+                else:
+                    tried.append(f"{sample.describe_shapes(more)}: {more_error}")
+            return {"shapes": found, "dims": values, "roles": roles, "tried": tried, "checked": try_them}
+        tried.append(f"{sample.describe_shapes(shapes)}: {error}")
+    named = ", ".join(f"{d.label} ({d.role}, at {', '.join(f'{n}[{a}]' for n, a in d.where)})" for d in dims)
+    return {"error": f"the input model runs on none of the input shapes tried for its open dims {named}: "
+                     f"{'; '.join(tried)}. Give the input shapes with --input-shape NAME=D0,D1,... "
+                     f"(option input_shapes)"}
+
+
+def _runs(session, shapes, rng) -> str | None:
+    """None when the model runs on random inputs of these shapes, else onnxruntime's error, shortened."""
+    try:
+        session.run(None, _feeds(session, shapes, rng))
+        return None
+    except Exception as exc:
+        return runtime_message(exc, 200)
+
+
+def runtime_message(exc: BaseException, limit: int = 300) -> str:
+    """onnxruntime's error on one line, without its status prefix, source paths and C++ signatures."""
+    import re
+
+    text = " ".join(str(exc).split())
+    text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"/onnxruntime_src/\S+:\d+ (\S+\(.*?\) )?", "", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _shapes_text(feeds: dict) -> str:
+    return ", ".join(f"{name}={'x'.join(str(d) for d in value.shape) or 'scalar'}" for name, value in feeds.items())
+
+
+def _compare(name: str, expected, actual, rtol: float, atol: float, run: int) -> dict:
+    """How far ``actual`` is from ``expected``: element types and shapes must be equal; numbers within
+    ``atol + rtol * |expected|`` (fp16's tolerances at least, for an fp16 output), NaN where NaN is, an
+    infinity where the same infinity is; other elements (strings) equal. A sequence output is compared
+    element by element (its worst element counts)."""
+    import numpy as np
+
+    if isinstance(expected, (list, tuple)) or isinstance(actual, (list, tuple)):
+        return _compare_sequences(name, expected, actual, rtol, atol, run)
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    entry = {"name": name, "run": run, "shape": list(expected.shape)}
+    failed = {**entry, "passed": False, "max_abs_diff": float("inf"), "max_rel_diff": float("inf"),
+              "excess": float("inf")}
+    if expected.dtype != actual.dtype:
+        return {**failed, "note": f"element type {actual.dtype} instead of {expected.dtype}"}
+    if expected.shape != actual.shape:
+        return {**failed, "note": f"shape {list(actual.shape)} instead of {entry['shape']}"}
+    if expected.dtype.kind not in "biuf" or expected.size == 0:
+        same = bool(np.array_equal(expected, actual))
+        return {**entry, "passed": same, "max_abs_diff": 0.0, "max_rel_diff": 0.0, "excess": 0.0 if same else 1}
+    if expected.dtype == np.float16:  # no tighter than the type resolves: one fp16 ulp is ~1e-3 relative
+        rtol, atol = max(rtol, FP16_RTOL), max(atol, FP16_ATOL)
+    a, b = expected.astype(np.float64), actual.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        equal = (a == b) | (np.isnan(a) & np.isnan(b))  # the same infinity is equal, and NaN where NaN is
+        diff = np.where(equal, 0.0, np.abs(a - b))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        allowed = np.where(np.isfinite(a), atol + rtol * np.abs(a), 0.0)
+        excess = float(np.max(diff - allowed))
+        rel = diff / np.maximum(np.abs(a), np.finfo(np.float64).tiny)
+    return {**entry, "passed": bool(excess <= 0), "max_abs_diff": float(diff.max()),
+            "max_rel_diff": float(np.nan_to_num(rel, nan=np.inf).max()), "excess": excess}
+
+
+def _compare_sequences(name: str, expected, actual, rtol: float, atol: float, run: int) -> dict:
+    entry = {"name": name, "run": run, "shape": [len(expected)] if isinstance(expected, (list, tuple)) else []}
+    if not isinstance(expected, (list, tuple)) or not isinstance(actual, (list, tuple)) \
+            or len(expected) != len(actual):
+        return {**entry, "passed": False, "max_abs_diff": float("inf"), "max_rel_diff": float("inf"),
+                "excess": float("inf"), "note": "a sequence of another length, or not a sequence"}
+    worst = {**entry, "passed": True, "max_abs_diff": 0.0, "max_rel_diff": 0.0, "excess": 0.0}
+    for element_expected, element_actual in zip(expected, actual):
+        element = _compare(name, element_expected, element_actual, rtol, atol, run)
+        if element["excess"] > worst["excess"] or not element["passed"]:
+            worst = {**element, "shape": entry["shape"]}
+    return worst
+
+
+def _child(request: dict) -> dict:
+    if request.get("mode") == "choose":
+        return _child_choose(request)
+    return _child_verify(request)
+
+
+def _child_choose(request: dict) -> dict:
+    try:
+        reference = _session(request["reference"])
+    except Exception as exc:  # nothing will run it: the first choice, untried
+        return {**_first_choice(request["reference"], request["given"]), "skipped": str(exc)[:300]}
+    if _ungenerated(reference):  # verification will say so; nothing to choose
+        return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
+    return _choose(reference, request["given"], request["seed"])
+
+
+def _ungenerated(session) -> str | None:
+    """Why verification cannot draw inputs for the model (a sequence, map or optional input), or None."""
+    for item in session.get_inputs():
+        kind = item.type[len("tensor("):-1] if item.type.startswith("tensor(") else None
+        if kind not in _DTYPES:
+            return f"verification cannot generate input {item.name!r} of type {item.type}"
+    return None
+
+
+def _first_choice(path: str, given: dict) -> dict:
+    """The shapes of the first level, from the model's declared inputs, without running it."""
+    import onnx
+
+    from worker.engine import sample_shapes as sample
+
+    model = onnx.load(path, load_external_data=False)
+    initializers = {t.name for t in model.graph.initializer}
+    specs = []
+    for item in model.graph.input:
+        if item.name in initializers or not item.type.HasField("tensor_type"):
+            continue
+        tensor = item.type.tensor_type
+        element = onnx.helper.tensor_dtype_to_string(tensor.elem_type).rpartition(".")[2].lower()
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in tensor.shape.dim) if tensor.HasField("shape") else None
+        specs.append(sample.InputSpec(item.name, element, dims))
+    try:
+        return sample.first_choice(specs, given)
+    except ValueError as exc:
+        return {"error": str(exc)}
+
+
+def _child_verify(request: dict) -> dict:
+    import numpy as np
+
+    try:
+        reference = _session(request["reference"])
+    except Exception as exc:
+        return {"passed": None, "skipped": f"onnxruntime cannot run the input model: {runtime_message(exc)}",
+                "outputs": [], "runs": 0}
+    try:
+        candidate = _session(request["candidate"])
+    except Exception as exc:
+        return {"error": f"onnxruntime cannot load the optimized model: {runtime_message(exc)}"}
+    reason = _ungenerated(reference)
+    if reason is not None:
+        return {"passed": None, "skipped": reason, "outputs": [], "runs": 0}
+    shape_sets = request.get("shape_sets")
+    choice = None
+    if shape_sets is None:
+        choice = _choose(reference, request["given"], request["seed"])
+        if choice.get("error"):
+            return choice
+        shape_sets = choice["shapes"]
+    names = [o.name for o in reference.get_outputs()]
+    wanted = {i.name for i in candidate.get_inputs()}
+    rtol, atol = request["rtol"], request["atol"]
+    outputs: dict[str, dict] = {}
+    for index, shapes in enumerate(shape_sets):
+        for run in range(request["runs"]):
+            rng = np.random.default_rng(request["seed"] + run)
+            feeds = _feeds(reference, shapes, rng)
+            try:
+                expected = reference.run(names, feeds)
+            except Exception as exc:
+                return {"passed": None, "skipped": f"onnxruntime cannot run the input model on inputs of shapes "
+                                                  f"{_shapes_text(feeds)}: {runtime_message(exc)}",
+                        "outputs": [], "runs": 0, "shapes": shape_sets}
+            try:
+                actual = candidate.run(names, {k: v for k, v in feeds.items() if k in wanted})
+            except Exception as exc:
+                return {"error": f"onnxruntime cannot run the optimized model on inputs of shapes "
+                                 f"{_shapes_text(feeds)}: {runtime_message(exc)}"}
+            for name, a, b in zip(names, expected, actual):
+                entry = {**_compare(name, a, b, rtol, atol, run), "set": index}
+                if name not in outputs or entry["excess"] > outputs[name]["excess"]:
+                    outputs[name] = entry
+    ordered = [outputs[n] for n in names]
+    report = {"passed": all(o["passed"] for o in ordered), "runs": request["runs"] * len(shape_sets),
+              "rtol": rtol, "atol": atol, "seed": request["seed"], "outputs": ordered, "shapes": shape_sets}
+    if choice is not None and choice["dims"]:
+        report.update(dims=choice["dims"], roles=choice["roles"], tried=choice["tried"])
+    return report
+
+
+def main() -> None:
+    from worker.engine.children import die_with_parent
+
+    request = json.loads(sys.stdin.read())
+    if not die_with_parent(request["parent_pid"]):  # whoever asked is gone: nobody will read the answer
+        sys.exit(1)
+    print(json.dumps(_child(request)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
+Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one) and pairs that collapse (Transposes,
+Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs around
+data movement. Registered on import."""
+from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
+    eliminate_flatten_after_global_pooling,
+    eliminate_flatten_after_innerproduct,
+    eliminate_identity,
+    eliminate_nop_cast,
+    eliminate_nop_concat,
+    eliminate_nop_expand,
+    eliminate_nop_pad,
+    eliminate_nop_reshape,
+    eliminate_nop_slice,
+    eliminate_nop_split,
+    eliminate_nop_transpose,
+    eliminate_pooling1x1,
+    eliminate_qdq_around_data_movement,
+    eliminate_reshape_before_binaryop,
+    fuse_consecutive_reshapes,
+    fuse_consecutive_squeezes,
+    fuse_consecutive_transposes,
+    identity_dropout_eliminate,
+    identity_scale_eliminate,
+)

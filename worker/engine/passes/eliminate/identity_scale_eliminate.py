@@ -1,0 +1,72 @@
+"""identity_scale_eliminate: multiplying or dividing by one, adding or subtracting zero, is removed.
+
+    x -> Mul(x, 1) -> y    becomes    x        (also 1 * x, x / 1, x + 0, 0 + x, x - 0)
+
+(Paddle-Lite's identity_scale_eliminate and elementwise_mul_constant_eliminate.) The constant must be all
+ones (or zeros), of the input's element type, and broadcast into the input's shape without enlarging it, so
+the output has the input's shape. Exact up to the sign of zero (-0 + 0 is +0).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from worker.engine.ir import Value
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.support.arrays import is_uniform
+from worker.engine.passes.support.shapes import same_dim, same_shape
+from worker.engine.passes.registry import register_pass
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules
+
+#: op -> its neutral element (the data may be either operand of Mul and Add, only the first of Div and Sub).
+NEUTRAL = {"Mul": 1, "Add": 0, "Div": 1, "Sub": 0}
+
+
+def is_all(data: np.ndarray, neutral: int) -> bool:
+    if data.size == 0:
+        return False
+    if is_uniform(data):
+        return bool(np.asarray(data[(0,) * data.ndim]) == neutral)
+    return bool(np.all(data == neutral))
+
+
+def broadcasts_into(constant: np.ndarray, value: Value, out: Value) -> bool:
+    """``value`` op ``constant`` has the shape of ``value``."""
+    if same_shape(value.shape, out.shape) or constant.ndim == 0:
+        return True
+    shape = value.shape
+    if shape is None or constant.ndim > len(shape):
+        return False
+    tail = shape[len(shape) - constant.ndim:]
+    return all(c == 1 or same_dim(c, d) for c, d in zip(constant.shape, tail))
+
+
+class IdentityScaleRule(Rule):
+    """x op c -> x, for the ops of ``NEUTRAL`` whose constant c is all their neutral element."""
+
+    def __init__(self, ops: tuple[str, ...], commutative: bool):
+        super().__init__()
+        self.ops, self.commutative = ops, commutative
+        self.name = "identity_scale_eliminate"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        p.op(self.ops, p.var("x"), p.var("c").const(), key="op", out="y", commutative=self.commutative)
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> Value | str | None:
+        data, other = match.value("x"), match.value("c")
+        constant = other.constant_value()
+        if not is_all(constant, NEUTRAL[match.node("op").op_type]):
+            return None
+        if data.dtype != other.dtype:
+            return "the constant has another element type than the data"
+        if not broadcasts_into(constant, data, match.value("y")):
+            return "the constant broadcasts the data to a larger shape"
+        return data
+
+
+@register_pass(name="identity_scale_eliminate", peer="Paddle-Lite", kind=PassKind.PROGRAM, level=1,
+               description="remove multiply/divide by one and add/subtract zero")
+def identity_scale_eliminate(ctx: PassContext) -> PassResult:
+    return apply_rules(ctx, [IdentityScaleRule(("Mul", "Add"), commutative=True),
+                             IdentityScaleRule(("Div", "Sub"), commutative=False)])

@@ -1,0 +1,273 @@
+"""eliminate_shape_op: Shape -> Gather/Slice/Concat/... chains become constants where type inference knows
+the dims they read, partially known shapes included.
+
+    x:[N,3,224,224] -> Shape -> Slice(1:) -> s -> Reshape(y, s)    becomes    s = [3, 224, 224] (initializer)
+    x:[N,C,?,?] -> Shape -> Slice(:1) -> Concat(., [-1]) -> Reshape(x, .)    becomes    Reshape(x, [0, -1])
+
+Each 1-D integer tensor of a shape computation is tracked element by element as known (an int) or not
+(a symbolic or unknown dim), through Shape (with start/end), Size, Gather, Slice, Concat, Squeeze,
+Unsqueeze, Cast to an integer type, Identity, Add, Sub, Mul and Div. A value whose every element is known
+becomes an initializer under its own name where something other than this tracking reads it; the nodes that
+computed it go away once unused. Constant folding takes the chain from there.
+
+An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
+whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
+Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion). Exact.
+When that Reshape's output had no shape, the pass leaves the types stale (it declares it may): the manager
+runs type inference before the next pass, so what follows the Reshape gets typed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from worker.engine.ir import Graph, Node, Value
+from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
+from worker.engine.passes.support.constants import replace_with_constant
+from worker.engine.passes.support.operands import axes_of, int_list
+from worker.engine.passes.registry import register_pass
+
+#: Longest vector tracked (shapes are short; this bounds the work on odd models).
+MAX_TRACKED = 64
+INTEGER_TYPES = {TensorProto.INT64, TensorProto.INT32}
+
+
+@dataclass(frozen=True, eq=False)
+class DimOf:
+    """An element not known offline that is dim ``index`` of ``value``'s shape."""
+
+    value: Value
+    index: int
+
+
+Item = int | DimOf | None
+
+
+@dataclass(frozen=True)
+class Partial:
+    """An integer scalar or vector whose elements are known (int) or not (a DimOf, or None)."""
+
+    items: tuple[Item, ...]
+    scalar: bool = False
+    dtype: int = TensorProto.INT64
+
+    @property
+    def complete(self) -> bool:
+        return all(isinstance(x, int) for x in self.items)
+
+    def array(self) -> np.ndarray:
+        data = np.array(self.items, dtype=helper.tensor_dtype_to_np_dtype(self.dtype))
+        return data.reshape(()) if self.scalar else data
+
+
+Lookup = Callable[[Value | None], Partial | None]
+
+
+def _shape(node: Node, get: Lookup, opset: int) -> Partial | None:
+    shape = node.input(0).shape
+    if shape is None:
+        return None
+    data = node.input(0)
+    dims = [d if isinstance(d, int) else DimOf(data, i) for i, d in enumerate(shape)]
+    return Partial(tuple(dims[node.attr("start", 0):node.attr("end")]))
+
+
+def _size(node: Node, get: Lookup, opset: int) -> Partial | None:
+    shape = node.input(0).shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return Partial((int(np.prod(shape, dtype=np.int64)),), scalar=True)
+
+
+def _gather(node: Node, get: Lookup, opset: int) -> Partial | None:
+    data, indices = get(node.input(0)), node.input(1).constant_value()
+    if data is None or data.scalar or indices is None or node.attr("axis", 0) not in (0, -1):
+        return None
+    n = len(data.items)
+    positions = [int(i) for i in np.reshape(indices, -1)]
+    if any(not -n <= i < n for i in positions):
+        return None  # an index out of range: leave it to the runtime to complain
+    picked = [data.items[i] for i in positions]
+    return Partial(tuple(picked), scalar=indices.ndim == 0, dtype=data.dtype)
+
+
+def _slice(node: Node, get: Lookup, opset: int) -> Partial | None:
+    data = get(node.input(0))
+    if data is None or data.scalar:
+        return None
+    if opset < 10:
+        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+    else:
+        starts, ends = int_list(node.input(1)), int_list(node.input(2))
+        axes = int_list(node.input(3)) if node.input(3) is not None else None
+        steps = int_list(node.input(4)) if node.input(4) is not None else None
+        if (node.input(3) is not None and axes is None) or (node.input(4) is not None and steps is None):
+            return None
+    if starts is None or ends is None or len(starts) != 1 or (axes is not None and list(axes) not in ([0], [-1])):
+        return None
+    step = steps[0] if steps else 1
+    if step == 0:
+        return None
+    chosen = range(*slice(int(starts[0]), int(ends[0]), step).indices(len(data.items)))
+    return Partial(tuple(data.items[i] for i in chosen), dtype=data.dtype)
+
+
+def _concat(node: Node, get: Lookup, opset: int) -> Partial | None:
+    parts = [get(v) for v in node.inputs if v is not None]
+    if not parts or any(p is None or p.scalar for p in parts) or node.attr("axis", 0) not in (0, -1):
+        return None
+    return Partial(tuple(x for p in parts for x in p.items), dtype=parts[0].dtype)
+
+
+def _unsqueeze(node: Node, get: Lookup, opset: int) -> Partial | None:
+    data = get(node.input(0))
+    if data is None or not data.scalar or axes_of(node, opset) not in ([0], [-1]):
+        return None
+    return Partial(data.items, dtype=data.dtype)
+
+
+def _squeeze(node: Node, get: Lookup, opset: int) -> Partial | None:
+    data = get(node.input(0))
+    axes = axes_of(node, opset)
+    if data is None or data.scalar or len(data.items) != 1 or axes not in (None, [0], [-1]):
+        return None
+    return Partial(data.items, scalar=True, dtype=data.dtype)
+
+
+def _cast(node: Node, get: Lookup, opset: int) -> Partial | None:
+    data = get(node.input(0))
+    to = node.attr("to")
+    if data is None or to not in INTEGER_TYPES:
+        return None
+    return Partial(data.items, data.scalar, to)
+
+
+def _identity(node: Node, get: Lookup, opset: int) -> Partial | None:
+    return get(node.input(0))
+
+
+def _truncating_div(a: int, b: int) -> int | None:
+    if b == 0:
+        return None
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b >= 0) else -quotient
+
+
+ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+              "Div": _truncating_div}
+
+
+def _arithmetic(node: Node, get: Lookup, opset: int) -> Partial | None:
+    left, right = get(node.input(0)), get(node.input(1))
+    if left is None or right is None or left.dtype != right.dtype:
+        return None
+    a, b = left.items, right.items
+    if len(a) != len(b) and 1 not in (len(a), len(b)):
+        return None
+    n = max(len(a), len(b))
+    a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+    fn = ARITHMETIC[node.op_type]
+    items = tuple(fn(x, y) if isinstance(x, int) and isinstance(y, int) else None for x, y in zip(a, b))
+    items = tuple(x if x is None or -2**63 <= x < 2**63 else None for x in items)
+    return Partial(items, scalar=left.scalar and right.scalar, dtype=left.dtype)
+
+
+TRACKERS = {"Shape": _shape, "Size": _size, "Gather": _gather, "Slice": _slice, "Concat": _concat,
+            "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Cast": _cast, "Identity": _identity,
+            **{op: _arithmetic for op in ARITHMETIC}}
+
+
+def _constant(value: Value | None) -> Partial | None:
+    data = value.constant_value() if value is not None else None
+    if data is None or data.ndim > 1 or data.size > MAX_TRACKED or value.dtype not in INTEGER_TYPES:
+        return None
+    return Partial(tuple(int(x) for x in np.reshape(data, -1)), scalar=data.ndim == 0, dtype=value.dtype)
+
+
+def track(graph: Graph, opset: int) -> dict[Value, Partial]:
+    """The partially known integer vectors of ``graph``, in graph order."""
+    known: dict[Value, Partial] = {}
+
+    def get(value: Value | None) -> Partial | None:
+        return known.get(value) if value in known else _constant(value)
+
+    for node in graph:
+        tracker = TRACKERS.get(node.op_type)
+        if tracker is None or node.domain or len(node.outputs) != 1 or node.input(0) is None:
+            continue
+        out = node.output()
+        if out.dtype and out.dtype not in INTEGER_TYPES:
+            continue
+        partial = tracker(node, get, opset)
+        if partial is not None and len(partial.items) <= MAX_TRACKED:
+            known[out] = partial
+    return known
+
+
+def foldable(known: dict[Value, Partial], graph: Graph) -> list[Value]:
+    """Complete values read by something the tracking does not replace (the frontier of each chain)."""
+    complete = {v for v, p in known.items() if p.complete and v.constant_value() is None}
+    chosen = []
+    for value in complete:
+        if value.is_graph_output or value.producer is None:
+            continue
+        if any(use.node.graph is not graph or use.node.output(0) not in complete
+               for use in value.uses if use.node.outputs):
+            chosen.append(value)
+    return sorted(chosen, key=lambda v: v.producer.position)
+
+
+def replace(graph: Graph, value: Value, partial: Partial) -> list[str]:
+    """Readers of ``value`` read an initializer instead; returns the names of the nodes that went away."""
+    producer = value.producer
+    replace_with_constant(graph, value, partial.array())
+    return graph.remove_unused([producer])
+
+
+@register_pass(name="eliminate_shape_op", peer="onnxoptimizer", kind=PassKind.PROGRAM, level=1,
+               description="Shape -> Gather/Slice/Concat chains whose dims are known become constants, "
+                           "partially known shapes too", invalidates=(Analysis.TYPES, Analysis.ORDER))
+def eliminate_shape_op(ctx: PassContext) -> PassResult:
+    result = PassResult()
+    refined = False
+    for graph in ctx.graph.live_graphs():
+        known = track(graph, ctx.opset())
+        for value in foldable(known, graph):
+            partial = known[value]
+            declared = value.shape if value.is_static else None
+            if (value.dtype and value.dtype != partial.dtype) or \
+                    (declared is not None and tuple(declared) != partial.array().shape):
+                result.refused(f"eliminate_shape_op: {value.name!r} is typed otherwise than its computation")
+                continue
+            names = replace(graph, value, partial)
+            result.rewrote({"rule": "eliminate_shape_op", "from": names, "to": []})
+        for reshape in graph.nodes_of_type("Reshape"):
+            shape = _copying_shape(reshape, known)
+            if shape is not None:
+                old = reshape.input(1)
+                reshape.set_input(1, graph.add_initializer(f"{reshape.name}_shape", shape))
+                refined = refined or reshape.output(0).shape is None
+                names = graph.remove_unused([old.producer]) if old.producer is not None else []
+                result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
+    if not refined:  # a refined Reshape: inference could not read its shape, what follows it is untyped
+        result.preserve(Analysis.TYPES)
+    return result
+
+
+def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
+    """The constant shape of ``reshape`` with 0 for each dim it copies from its own input, or None."""
+    data, partial = reshape.input(0), known.get(reshape.input(1))
+    if partial is None or partial.complete or partial.scalar or reshape.attr("allowzero", 0) != 0:
+        return None
+    items = []
+    for position, item in enumerate(partial.items):
+        if isinstance(item, DimOf) and item.value is data and item.index == position:
+            items.append(0)
+        elif isinstance(item, int):
+            items.append(item)
+        else:
+            return None
+    return np.array(items, dtype=np.int64)

@@ -1,0 +1,48 @@
+"""gelu_fuse: Gelu written out with Erf (or its tanh approximation) becomes the Gelu op (opset 20+).
+
+    0.5 * x * (1 + Erf(x / sqrt(2)))                                   ->  Gelu(x)
+    0.5 * x * (1 + Tanh(sqrt(2 / pi) * (x + 0.044715 * x ^ 3)))       ->  Gelu(x, approximate="tanh")
+
+The product may be spelled in any of the orders exporters use and x / sqrt(2) as x * (1 / sqrt(2))
+(``support/activations.py`` lists the forms; their constants must match to its one tolerance). Refused
+before opset 20, where Gelu does not exist (onnxruntime's own Gelu is a contrib op, out of scope for
+standard-op output). Numeric effect: the runtime's Gelu instead of the chain (last-bit rounding).
+"""
+from __future__ import annotations
+
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support.activations import Form, Params, forms
+from worker.engine.passes.support.weights import FLOAT_TYPES
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
+
+
+class GeluChain(Rule):
+    def __init__(self, form: Form):
+        super().__init__()
+        self.form, self.name = form, form.name
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        self.form.append(p, p.var("x"))
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> Params | str:
+        if ctx.opset() < 20:
+            return f"Gelu needs opset 20, and the model imports opset {ctx.opset()}"
+        if match.value("x").dtype not in FLOAT_TYPES:
+            return f"the input of the Gelu chain at {describe(match.node('nonlinear'))} is not a float tensor"
+        return self.form.read(match, ctx.opset())
+
+    def rewrite(self, ctx: PassContext, match: Match, params: Params) -> Node:
+        attributes = {"approximate": "tanh"} if self.form.kind == "GeluTanh" else {}
+        return match.graph.add_node("Gelu", [match.value("x")], outputs=[match.value("out")],
+                                    name=match.node("nonlinear").name, attributes=attributes,
+                                    before=match.node("last"))
+
+
+@register_pass(name="gelu_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
+               description="turn Gelu written out with Erf or Tanh into the Gelu op (opset 20+)")
+def gelu_fuse(ctx: PassContext) -> PassResult:
+    return apply_rules(ctx, [GeluChain(form) for form in forms("gelu_erf", "gelu_tanh")])

@@ -1,0 +1,116 @@
+"""type_precision_cast: a calib wherever a value's precision differs from what its consumer declares.
+
+    y (fp32) -> Conv (arm fp16)            ->  y -> mirserve.calib(to=float16) -> Conv
+    w (fp32 weight) -> Conv (arm fp16)     ->  w16 (a float16 initializer) -> Conv      (folded offline)
+    DQ -> Conv -> Q  (Conv on int8)        ->  QLinearConv                             (Q/DQ absorbed)
+    y (fp16) -> graph output               ->  y -> calib(to=float) -> output, under the output's name
+
+Calibs convert between fp32 and fp16 only; int8 comes only from the model's own quantization parameters
+(QuantizeLinear / DequantizeLinear), whose pairs around an int8 kernel are absorbed into it. One calib per
+(value, precision), shared by all consumers; one converted copy per (weight, precision). A value an If, Loop
+or Scan body reads from outside gets its calib before that node (bodies run in their own types).
+"""
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from worker.engine.errors import PassError
+from worker.engine.ir import Graph, Node, Value
+from worker.engine.kernels.pick import Pick
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support import qdq
+from worker.engine.passes.support.casts import (cast_kernel, consumer_slots, converted_constant, find_shared,
+                                                insert_cast, np_dtype, redirect_output, to_fp16)
+from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, place_outputs
+from worker.engine.places import Layout, Place, Precision, get_target, precision_of_dtype
+
+FLOATS = (Precision.FP32, Precision.FP16)
+_DTYPES = {Precision.FP32: TensorProto.FLOAT, Precision.FP16: TensorProto.FLOAT16}
+
+
+def calibrated(ctx: PassContext, value: Value, precision: Precision, target: str, before: Node | None,
+               cache: dict) -> Value:
+    """``value`` in ``precision``: a converted constant, or a shared calib on ``target``."""
+    graph = ctx.graph
+    source = value.place.precision
+    place = Place(get_target(target), precision, value.place.layout)
+    dtype = _DTYPES[precision]
+    if is_constant(value):
+        convert = to_fp16 if precision is Precision.FP16 else (lambda a: a.astype(np_dtype(dtype)))
+        return converted_constant(graph, value, place, convert, precision.value, cache)
+    attributes = {"to": dtype}
+    shared = find_shared(value, "calib", attributes, place)
+    if shared is not None:
+        return shared
+    kernel = cast_kernel(ctx.kernels, "calib", target, f"{source.value}_to_{precision.value}")
+    return insert_cast(graph, value, "calib", attributes, place, kernel, before=before, dtype=dtype,
+                       shape=value.shape, portable=ctx.options.portable)
+
+
+def absorb_quantized(graph: Graph) -> int:
+    absorbed = 0
+    for node in list(graph):
+        pick = node.pick
+        if node.graph is not graph or pick is None or pick.qdq is None:
+            continue
+        qnode = qdq.absorb(graph, pick.qdq)
+        new_pick = Pick(pick.resolved)
+        annotate(qnode, new_pick)
+        place_outputs(qnode, new_pick)
+        for value in qnode.inputs:
+            if value is not None and value.place is None:  # zero points and bias made here
+                value.place = Place(pick.place.target, precision_of_dtype(value.dtype), Layout.NCHW)
+        absorbed += 1
+    return absorbed
+
+
+def captured_reads(graph: Graph) -> list[tuple[Node, Node, int, Value]]:
+    """(If/Loop/Scan node, body node, slot, value) for every value of ``graph`` a body node reads: bodies run
+    in their own types, so such a value needs a calib (before the node with the body) when its producer now
+    runs in another precision."""
+    found = []
+    for node in list(graph):
+        if node.pick is None:
+            continue
+        for body in node.subgraphs():
+            for inner in body.all_nodes():
+                found += [(node, inner, slot, value) for slot, value in enumerate(inner.inputs)
+                          if value is not None and value.graph is graph and value.place is not None
+                          and inner.pick is not None]
+    return found
+
+
+@register_pass(name="type_precision_cast", peer="Paddle-Lite", kind=PassKind.PROGRAM, level=1,
+               description="insert calib (fp32 <-> fp16) where precisions differ, convert weights offline, "
+                           "absorb Q/DQ pairs around int8 kernels")
+def type_precision_cast(ctx: PassContext) -> PassResult:
+    result = PassResult()
+    graph, cache = ctx.graph, {}
+    result.data["quantized_nodes"] = absorb_quantized(graph)
+    result.rewrites += result.data["quantized_nodes"]
+    for node, slot, value in consumer_slots(graph):
+        port = node.pick.input(slot)
+        wanted, target = port.precision, port.target
+        current = value.place.precision if value.place is not None else None
+        if current is None or Precision.ANY in (wanted, current) or wanted is current:
+            continue
+        if wanted not in FLOATS or current not in FLOATS:
+            raise PassError(f"type_precision_cast: node {node.name} ({node.op_type}) declares {wanted} at "
+                            f"input {slot}, but {value.name} is {current}; only fp32 <-> fp16 converts")
+        node.set_input(slot, calibrated(ctx, value, wanted, target, node, cache))
+        graph.remove_unused([value])
+        result.rewrote({"value": value.name, "to": wanted.value, "consumer": node.name})
+    for node, inner, slot, value in captured_reads(graph):
+        wanted, current = inner.pick.input(slot).precision, value.place.precision
+        if wanted in FLOATS and current in FLOATS and wanted is not current and not is_constant(value):
+            inner.set_input(slot, calibrated(ctx, value, wanted, node.pick.kernel.target, node, cache))
+            result.rewrote({"value": value.name, "to": wanted.value, "consumer": inner.name})
+    for value in list(graph.outputs):
+        fetch = fetch_place(ctx, value)
+        if value.place is None or value.place.precision is fetch.precision or fetch.precision not in FLOATS:
+            continue
+        converted = calibrated(ctx, value, fetch.precision, value.place.target.name, None, cache)
+        redirect_output(graph, value, converted)
+        result.rewrote({"value": value.name, "to": fetch.precision.value, "consumer": "graph output"})
+    return result

@@ -1,0 +1,91 @@
+"""reduction_global_pool_replace: a mean (or max) over all spatial dims with keepdims becomes global pooling
+(ncnn's replace_reduction_with_global_pooling).
+
+    ReduceMean(x, axes=[2, 3], keepdims=1)                          ->  GlobalAveragePool(x)
+    ReduceMean(ReduceMean(x, axes=[2], keepdims=1), axes=[3], ...)  ->  GlobalAveragePool(x)   (H then W, or W then H)
+    ReduceMax likewise                                               ->  GlobalMaxPool(x)
+
+Any rank >= 3 works (the spatial dims are 2..rank-1); axes come from the attribute or, from opset 18 (13 for
+ReduceSum, not used here), from the constant input. keepdims=0 is refused: global pooling keeps the dims.
+"""
+from __future__ import annotations
+
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.support.operands import axes_of
+from worker.engine.passes.registry import register_pass
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
+
+GLOBAL = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+
+
+def reduced_axes(node, opset: int, rank: int) -> set[int] | None:
+    axes = axes_of(node, opset)
+    return None if axes is None else {a % rank for a in axes}
+
+
+class _ReduceRule(Rule):
+    def __init__(self, op: str):
+        super().__init__()
+        self.op = op
+
+    def reductions(self, match: Match) -> list[Node]:
+        return match.nodes
+
+    def check(self, ctx: PassContext, match: Match) -> str | bool:
+        rank = match.value("x").rank
+        first = self.reductions(match)[0]
+        if rank is None or rank < 3:
+            return f"the input of {describe(first)} has unknown rank or no spatial dims"
+        covered: list[int] = []
+        for node in self.reductions(match):
+            if not node.attr("keepdims", 1):
+                return f"{describe(node)} drops the reduced dims (keepdims=0), and global pooling keeps them"
+            axes = reduced_axes(node, ctx.opset(), rank)
+            if axes is None:
+                given = node.input(1) is not None or node.has_attr("axes")
+                return f"the axes of {describe(node)} are not constants" if given else \
+                    f"{describe(node)} reduces every dim, not only the spatial ones"
+            covered += sorted(axes)
+        if sorted(covered) != list(range(2, rank)):
+            return f"the reductions at {describe(first)} average dims {sorted(covered)}, not exactly the spatial dims"
+        return True
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
+        last = self.reductions(match)[-1]
+        return match.graph.add_node(GLOBAL[self.op], [match.value("x")], outputs=[match.value("out")],
+                                    name=last.name, before=last)
+
+
+class OneReduction(_ReduceRule):
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.name = f"{op.lower()}_spatial"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        p.op(self.op, p.var("x"), key="reduce", out="out")
+        return p
+
+
+class TwoReductions(_ReduceRule):
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.name = f"{op.lower()}_twice"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        mid = p.op(self.op, p.var("x"), key="first")
+        p.op(self.op, mid, key="second", out="out")
+        return p
+
+    def reductions(self, match: Match) -> list[Node]:
+        return [match.node("first"), match.node("second")]
+
+
+@register_pass(name="reduction_global_pool_replace", peer="ncnn", kind=PassKind.PROGRAM, level=2,
+               description="replace ReduceMean/ReduceMax over all spatial dims (at once or H then W) with "
+                           "keepdims by global pooling")
+def reduction_global_pool_replace(ctx: PassContext) -> PassResult:
+    rules = [TwoReductions(op) for op in GLOBAL] + [OneReduction(op) for op in GLOBAL]
+    return apply_rules(ctx, rules)

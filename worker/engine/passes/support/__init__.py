@@ -1,0 +1,1 @@
+"""Helpers shared by several passes: no module here registers a pass."""

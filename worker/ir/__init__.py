@@ -1,9 +1,0 @@
-"""The engine's graph IR: an SSA graph over ONNX with exact use lists and an op-type index."""
-from worker.ir.graph import Graph, Names
-from worker.ir.model import Model
-from worker.ir.node import Attr, Node
-from worker.ir.serde import Limits, SaveInfo, load_model, model_to_proto, save_model
-from worker.ir.value import Shape, Use, Value
-
-__all__ = ["Attr", "Graph", "Limits", "Model", "Names", "Node", "SaveInfo", "Shape", "Use", "Value",
-           "load_model", "model_to_proto", "save_model"]

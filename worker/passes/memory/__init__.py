@@ -1,2 +1,0 @@
-"""Memory planning passes (registered on import)."""
-from worker.passes.memory import memory_plan  # noqa: F401
