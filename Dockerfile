@@ -9,7 +9,8 @@ RUN pip install --no-cache-dir --prefix=/install .
 
 FROM python:3.11-slim
 # tini as PID 1: it forwards SIGTERM to `mirserve serve` and reaps engine processes orphaned by a killed worker.
-RUN apt-get update && apt-get install -y --no-install-recommends tini \
+# Graphviz lays out the job graph pictures (GET /jobs/{id}/graph.svg).
+RUN apt-get update && apt-get install -y --no-install-recommends tini graphviz \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin mirserve \
     && mkdir /data && chown mirserve:mirserve /data

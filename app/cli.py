@@ -1,38 +1,35 @@
-"""The ``mirserve`` program: the engine's commands (``optimize``, ``passes``) plus the service's.
+"""The ``mirserve`` program: the engine's commands (``optimize``, ``passes``, ``targets``) plus the service's.
 
 - ``mirserve serve``: the API and one embedded worker, in one process tree: the README's single command.
   The worker is a child process (a crashed or killed worker is restarted; it dies with the API).
-- ``mirserve api`` / ``mirserve worker``: the two halves apart, to scale workers out.
+- ``mirserve api`` / ``mirserve worker``: the two halves apart, to scale workers out (``mirserve worker`` is
+  ``python -m worker.jobs``).
+- ``mirserve db upgrade|downgrade|current``: the job tables' schema (``api`` and ``worker`` refuse a database
+  that is not at their revision; ``serve`` upgrades its SQLite database itself).
 - ``mirserve openapi``: print or write the OpenAPI document.
 
-The engine's parser (``worker.cli.build_parser``) is extended here because the engine never imports the
-service.
+The engine's parser is extended here because the engine never imports the service.
 """
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import signal
-import subprocess
 import sys
-import threading
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from worker.cli import add_plugin_argument, build_parser
-from worker.process import die_with_parent
-from worker.cli import main as engine_main
-
-log = logging.getLogger("mirserve.serve")
-RESTART_DELAY_SECONDS = 1.0
-WORKER_STOP_SECONDS = 15.0
+from worker.engine.api import add_plugin_argument, build_parser, run_cli
+from worker.jobs import (JobSettings, JobStore, SchemaError, WorkerSupervisor, add_worker_arguments,
+                         configure_logging, load_settings, run_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from app.client.cli import add_remote_commands
+
     parser, commands = build_parser()
     add_service_commands(commands)
-    return engine_main(argv, parser)
+    add_remote_commands(commands)
+    return run_cli(argv, parser)
 
 
 def add_service_commands(commands) -> None:
@@ -41,39 +38,38 @@ def add_service_commands(commands) -> None:
                              ("worker", run_worker, "run only a worker")):
         cmd = commands.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}; settings come "
                                   "from MIRSERVE_* environment variables (see the README).")
-        cmd.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
-        if name != "worker":
+        if name == "worker":
+            add_worker_arguments(cmd)
+        else:
+            cmd.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
             cmd.add_argument("--host", help="overrides MIRSERVE_HOST")
             cmd.add_argument("--port", type=int, help="overrides MIRSERVE_PORT")
-        else:
-            cmd.add_argument("--concurrency", type=int, help="overrides MIRSERVE_WORKER_CONCURRENCY")
-            cmd.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
         add_plugin_argument(cmd)
         cmd.set_defaults(func=func)
+    cmd = commands.add_parser("db", help="create, upgrade or inspect the job database's schema",
+                              description="Create, upgrade or inspect the job tables (MIRSERVE_DATABASE_URL, or "
+                              "SQLite in the data directory). Run `mirserve db upgrade` after installing a new "
+                              "version, before starting its APIs and workers.")
+    cmd.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
+    actions = cmd.add_subparsers(dest="action", metavar="ACTION", required=True)
+    upgrade = actions.add_parser("upgrade", help="create the tables or apply every newer revision")
+    upgrade.add_argument("revision", nargs="?", default="head", help="stop at this revision (default: the newest)")
+    downgrade = actions.add_parser("downgrade", help="undo revisions down to REVISION ('base': all of them)")
+    downgrade.add_argument("revision")
+    actions.add_parser("current", help="print the database's revision and this version's")
+    cmd.set_defaults(func=run_db)
     cmd = commands.add_parser("openapi", help="print the service's OpenAPI document")
     cmd.add_argument("-o", "--output", help="write it to this file instead")
     cmd.set_defaults(func=run_openapi)
 
 
 def _settings(args: argparse.Namespace):
-    """Settings from the environment; command-line overrides go into the environment so children see them."""
-    overrides = {"MIRSERVE_DATA_DIR": getattr(args, "data_dir", None), "MIRSERVE_HOST": getattr(args, "host", None),
-                 "MIRSERVE_PORT": getattr(args, "port", None),
-                 "MIRSERVE_WORKER_CONCURRENCY": getattr(args, "concurrency", None)}
-    for key, value in overrides.items():
-        if value is not None:
-            os.environ[key] = str(value)
-    from pydantic import ValidationError
-
+    """The API's settings from the environment and the command's overrides (exported for the worker too)."""
     from app.settings import Settings
 
-    try:
-        settings = Settings()
-    except ValidationError as error:
-        problems = "; ".join(f"{'MIRSERVE_' + str(e['loc'][0]).upper() + ': ' if e['loc'] else ''}{e['msg']}"
-                             for e in error.errors())
-        raise SystemExit(f"mirserve: error: invalid settings: {problems}") from None
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = load_settings(Settings, {"MIRSERVE_DATA_DIR": args.data_dir, "MIRSERVE_HOST": args.host,
+                                        "MIRSERVE_PORT": args.port})
+    configure_logging(settings.log_level, settings.log_format)
     return settings
 
 
@@ -86,24 +82,21 @@ def _serve_api(settings) -> int:
 
     from app.main import create_app
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=settings.log_level == "debug")
-    return 0
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    from worker.jobs.consumer import JobWorker
-
-    settings = _settings(args)
-    if args.parent_pid:
-        _stop_with_parent(args.parent_pid)
-    JobWorker(settings.job_config).run()
+    try:
+        app = create_app(settings)
+    except SchemaError as error:
+        raise SystemExit(f"mirserve: error: {error}") from None
+    # log_config=None: uvicorn's records (the access log at info among them) go through our JSON handler.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
+                access_log=True)
     return 0
 
 
 def run_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)  # bad settings stop here, before anything starts
-    supervisor = WorkerSupervisor([sys.executable, "-m", "app.cli", "worker", "--parent-pid", str(os.getpid())])
+    if settings.effective_database_url.startswith("sqlite"):  # its own database: keep it at this version
+        _with_store(settings, lambda store: store.upgrade_schema())
+    supervisor = WorkerSupervisor()
     supervisor.start()
     try:
         return _serve_api(settings)
@@ -111,15 +104,38 @@ def run_serve(args: argparse.Namespace) -> int:
         supervisor.stop()
 
 
-def run_openapi(args: argparse.Namespace) -> int:
-    import tempfile
+def run_db(args: argparse.Namespace) -> int:
+    settings = load_settings(JobSettings, {"MIRSERVE_DATA_DIR": args.data_dir})
+    if args.action == "upgrade":
+        revision = _with_store(settings, lambda store: store.upgrade_schema(args.revision))
+        print(f"the job database is at revision {revision}")
+    elif args.action == "downgrade":
+        revision = _with_store(settings, lambda store: store.downgrade_schema(args.revision))
+        print(f"the job database is at revision {revision or 'base (no tables)'}")
+    else:
+        current, head = _with_store(settings, lambda store: store.schema_revision())
+        state = "up to date" if current == head else f"run `mirserve db upgrade` to reach {head}"
+        print(f"the job database is at revision {current or 'none'}; this mirserve's is {head} ({state})")
+    return 0
 
+
+def _with_store(settings, action):
+    store = JobStore(settings.effective_database_url)
+    try:
+        return action(store)
+    finally:
+        store.dispose()
+
+
+def run_openapi(args: argparse.Namespace) -> int:
     from app.main import create_app
     from app.openapi import render
     from app.settings import Settings
 
     with tempfile.TemporaryDirectory() as data_dir:  # the document does not depend on the data
-        app = create_app(Settings(data_dir=Path(data_dir), redis_url=None, database_url=None))
+        settings = Settings(data_dir=Path(data_dir), redis_url=None, database_url=None)
+        _with_store(settings, lambda store: store.upgrade_schema())
+        app = create_app(settings)
         text = render(app)
         app.state.services.close()
     if args.output:
@@ -127,59 +143,6 @@ def run_openapi(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
-
-class WorkerSupervisor:
-    """Keeps one worker process running beside the API; restarts it when it dies, stops it on exit."""
-
-    def __init__(self, command: list[str]):
-        self.command = command
-        self.process: subprocess.Popen | None = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
-
-    def start(self) -> None:
-        self._spawn()
-        self._thread.start()
-
-    def _spawn(self) -> None:
-        self.process = subprocess.Popen(self.command, env=_child_env())
-        log.info("started worker process %d", self.process.pid)
-
-    def _watch(self) -> None:
-        while not self._stopping.is_set():
-            code = self.process.poll()
-            if code is not None and not self._stopping.is_set():
-                log.warning("worker process %d exited (%s); restarting it", self.process.pid, code)
-                if self._stopping.wait(RESTART_DELAY_SECONDS):
-                    return
-                self._spawn()
-            self._stopping.wait(0.5)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(WORKER_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def _child_env() -> dict[str, str]:
-    """The worker must import this checkout even when mirserve is not installed (e.g. ``python -m app.cli``)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _stop_with_parent(parent_pid: int) -> None:
-    """An embedded worker gets SIGTERM (a clean stop) when the serving process dies, however it dies."""
-    if not die_with_parent(parent_pid, signal.SIGTERM):
-        raise SystemExit("the serving process is gone; not starting a worker")
 
 
 if __name__ == "__main__":

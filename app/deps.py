@@ -5,9 +5,8 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from app.problems import ProblemError
-from app.services import Services
-from worker.jobs.store import Job
+from app.services import Services, get_job
+from worker.jobs import Job
 
 
 async def get_services(request: Request) -> Services:
@@ -19,10 +18,7 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 def load_job(services: ServicesDep, job_id: Annotated[str, Path(description="the job id")]) -> Job:
-    job = services.store.get(job_id)
-    if job is None:
-        raise ProblemError(404, "job-not-found", f"there is no job {job_id!r}", field="job_id")
-    return job
+    return get_job(services, job_id)
 
 
 JobDep = Annotated[Job, Depends(load_job)]

@@ -8,13 +8,12 @@ from fastapi import FastAPI
 from app.metrics import Metrics, MetricsMiddleware
 from app.openapi import install_openapi
 from app.problems import install_problem_handlers
-from app.routes import catalog, health, jobs, optimize
+from app.routes import catalog, health, jobs, optimize, pictures
+from app.web.routes import install_web
 from app.services import Services
 from app.settings import Settings
-from worker import __version__
-from worker.jobs.files import JobFiles
-from worker.jobs.queue import JobQueue, build_huey
-from worker.jobs.store import JobStore
+from worker.engine.api import __version__
+from worker.jobs import JobFiles, JobQueue, JobStore, open_storage
 
 DESCRIPTION = """Optimize ONNX models for target places over HTTP.
 
@@ -25,16 +24,10 @@ paths (404) and methods (405), is an RFC 9457 `application/problem+json` documen
 
 
 def build_services(settings: Settings) -> Services:
-    # Import the engine's registries now: done lazily by the first POST, it would hold the GIL for about a
-    # second (numpy, onnx, every pass module) and stall every request in flight.
-    import worker.api  # noqa: F401
-
-    config = settings.job_config
-    store = JobStore(config.database_url)
-    store.create_schema()
-    files = JobFiles(config.data_dir)
-    files.ensure()
-    return Services(settings=settings, store=store, files=files, queue=JobQueue(build_huey(config)),
+    store = JobStore(settings.effective_database_url)
+    store.check_schema()
+    files = JobFiles(open_storage(settings.storage_url, settings.data_dir))
+    return Services(settings=settings, store=store, files=files, queue=JobQueue.connect(settings),
                     metrics=Metrics())
 
 
@@ -47,11 +40,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         yield
         services.close()
 
-    app = FastAPI(title="mirserve", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    # /docs is served by app.web with vendored Swagger UI assets (FastAPI's would load them from a CDN).
+    app = FastAPI(title="mirserve", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.state.services = services
     install_problem_handlers(app)
-    for module in (optimize, jobs, catalog, health):
+    for module in (optimize, jobs, pictures, catalog, health):
         app.include_router(module.router)
+    install_web(app)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     install_openapi(app)
     return app

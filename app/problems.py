@@ -2,7 +2,8 @@
 
 A problem's ``type`` is a relative URI ``/problems/<slug>`` naming the kind of problem (``about:blank`` for
 plain HTTP errors such as an unknown path), ``detail`` is a sentence for the user, and ``field`` names the
-request field at fault when there is one.
+request field at fault when there is one. The services' errors (``app.errors``) get their status here;
+``ProblemError`` is for the HTTP layer itself (the multipart body, its size, its media type).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
+
+from app.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("mirserve.api")
@@ -86,6 +89,21 @@ async def _on_problem(request: Request, error: ProblemError) -> JSONResponse:
                             headers=error.headers, **error.extensions)
 
 
+#: The status of each kind of service error (the most specific class listed wins).
+SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {NotFound: 404, Conflict: 409, InvalidRequest: 422,
+                                                       Unavailable: 503}
+
+
+def service_error_status(error: ServiceError) -> int:
+    return next((status for kind, status in SERVICE_ERROR_STATUS.items() if isinstance(error, kind)), 500)
+
+
+async def _on_service_error(request: Request, error: ServiceError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, Unavailable) else None
+    return problem_response(request, service_error_status(error), detail=error.detail, slug=error.code,
+                            field=error.field, headers=headers, **error.extensions)
+
+
 async def _on_http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
     detail = error.detail if isinstance(error.detail, str) else None
     if error.status_code == 404 and detail == "Not Found":
@@ -124,6 +142,7 @@ async def _on_unexpected(request: Request, error: Exception) -> JSONResponse:
 
 def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
+    app.add_exception_handler(ServiceError, _on_service_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)

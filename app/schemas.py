@@ -36,6 +36,32 @@ class JobError(BaseModel):
     field: str | None = Field(None, description="the option or request field at fault, when there is one")
 
 
+class OpTypeCount(BaseModel):
+    op: str = Field(description="op type, domain-qualified outside the default domain")
+    before: int
+    after: int
+
+
+class HostFallback(BaseModel):
+    op: str
+    place: str = Field(description="the host place the nodes landed on")
+    nodes: int
+    examples: list[str] = Field(description="a few of the nodes")
+    reason: str = Field(description="why no place the user listed runs them")
+
+
+class MemorySpace(BaseModel):
+    space: str
+    weights_bytes: int | None = None
+    arena_bytes: int | None = Field(None, description="planned activation memory")
+    lower_bound_bytes: int | None = Field(None, description="no plan over this execution order does better")
+    ratio: float | None = None
+    paddle_lite_style_bytes: int | None = None
+    no_reuse_bytes: int | None = None
+    peak_step: int | None = None
+    peak_node: str | None = None
+
+
 class JobSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -53,6 +79,27 @@ class JobSummary(BaseModel):
     weights_bytes: int | None = None
     macs: int | None = None
     seconds: float | None = None
+    op_types: list[OpTypeCount] | None = Field(None, description="top-level nodes per op type, before and after")
+    nodes_per_place: dict[str, int] | None = None
+    casts: dict[str, int] | None = Field(None, description="io_copy, calib and layout casts inserted")
+    host_fallbacks: list[HostFallback] | None = Field(None, description="nodes on a host place the user did not "
+                                                      "list, by op, with the reason")
+    memory_spaces: list[MemorySpace] | None = None
+    warnings: list[str] | None = Field(None, description="what the run went on despite: a pass that failed and "
+                                                         "was undone (the trace has the details), a plugin that "
+                                                         "failed to load, a skipped verification")
+    pass_failures: int | None = Field(None, description="passes that failed and were undone; the job succeeded "
+                                                        "without them")
+
+
+class CallbackOut(BaseModel):
+    url: str
+    state: Literal["pending", "delivered", "failed"] = Field(description="pending until the job ends and the "
+                                                             "receiver answers 2xx; failed after the last try")
+    attempts: int
+    next_at: datetime | None = Field(None, description="when the next try is due, while pending")
+    delivered_at: datetime | None = None
+    last_error: str | None = Field(None, description="why the latest try did not succeed")
 
 
 class JobLinks(BaseModel):
@@ -112,6 +159,8 @@ class PassInfo(BaseModel):
     level: int
     targets: list[str] | None
     position: int | None
+    peer: str | None = Field(None, description="the optimizer whose pass this one reproduces (onnxoptimizer, "
+                                               "onnxruntime, Paddle-Lite, ncnn, NNVM); none for mirserve's own")
 
 
 class FilterInfo(BaseModel):

@@ -1,31 +1,29 @@
 """What the routes do, apart from HTTP: accept a job, describe it, cancel it, delete it, check readiness.
 
 Everything here is synchronous (SQLAlchemy and file calls); routes run it in the thread pool, never on the
-event loop.
+event loop. Failures are ``app.errors`` exceptions, which ``app.problems`` answers.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping
 
+from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
-from app.problems import ProblemError
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
 from app.settings import Settings
 from app.uploads import Upload
-from worker.errors import OptionsError
-from worker.jobs.files import JobFiles
-from worker.jobs.queue import JobQueue
-from worker.jobs.store import IdempotencyConflict, Job, JobState, JobStore, NewJob
+from worker.engine.api import OptionsError, memory_at
+from worker.jobs import (CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
+                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, check_callback_url)
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
-#: Options the service decides itself, never the client.
-SERVER_OPTIONS = {"trusted_external_data": "the service never reads external data named by an upload"}
+#: How long a presigned download URL stays valid.
+PRESIGN_SECONDS = 300
+REPORT_LIMIT = 64 << 20
 
 
 @dataclass
@@ -39,30 +37,32 @@ class Services:
     def close(self) -> None:
         self.queue.close()
         self.store.dispose()
+        self.files.storage.close()
 
 
-def parse_options(places: str | None, options_text: str | None) -> dict[str, Any]:
-    """The job's options as stored: validated with the engine's own checks, places included."""
-    from worker.api import OptimizeOptions, validate_options
+@dataclass
+class Download:
+    """How to hand a stored file to a client: a local file, a stream from the store, or a redirect to it."""
 
-    options = _options_object(options_text)
-    for name, reason in SERVER_OPTIONS.items():
-        if name in options:
-            raise ProblemError(422, "invalid-option", f"option {name} cannot be set over HTTP: {reason}",
-                               field=f"options.{name}")
+    filename: str
+    size: int | None = None
+    path: Path | None = None
+    chunks: Iterator[bytes] | None = None
+    redirect: str | None = None
+
+
+def parse_spec(fields: Mapping[str, str]) -> JobSpec:
+    """The job spec of a submission's ``places`` and ``options`` form fields, checked by the engine's rules."""
+    options = _options_object(fields.get("options"))
     if "places" in options:
-        raise ProblemError(422, "invalid-option", "give the places in the 'places' form field, not in options",
-                           field="options.places")
-    if places is not None:
-        options["places"] = places
+        raise InvalidRequest("invalid-option", "give the places in the 'places' form field, not in options",
+                             field="options.places")
     try:
-        parsed = OptimizeOptions.from_dict(options)
-        validate_options(parsed)
+        return JobSpec.validate(fields.get("places"), options)
     except OptionsError as error:
         where = error.field or "options"
         field = where if where in ("places", "options") else f"options.{where}"
-        raise ProblemError(422, "invalid-option", str(error), field=field) from None
-    return parsed.to_dict()
+        raise InvalidRequest("invalid-option", str(error), field=field) from None
 
 
 def _options_object(text: str | None) -> dict[str, Any]:
@@ -71,61 +71,93 @@ def _options_object(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as error:
-        raise ProblemError(422, "invalid-option", f"options is not valid JSON: {error}", field="options") from None
+        raise InvalidRequest("invalid-option", f"options is not valid JSON: {error}", field="options") from None
     if not isinstance(value, dict):
-        raise ProblemError(422, "invalid-option", "options must be a JSON object", field="options")
+        raise InvalidRequest("invalid-option", "options must be a JSON object", field="options")
     return value
 
 
-def submit(services: Services, upload: Upload, options: dict[str, Any],
-           idempotency_key: str | None) -> tuple[Job, bool]:
-    """Store the upload as a new queued job and enqueue it; returns (job, created).
+def get_job(services: Services, job_id: str) -> Job:
+    job = services.store.get(job_id)
+    if job is None:
+        raise NotFound("job-not-found", f"there is no job {job_id!r}", field="job_id")
+    return job
+
+
+def input_writer(services: Services, job_id: str) -> ObjectWriter:
+    """Where a submission's model goes as it arrives: the job's input in the store."""
+    return services.files.storage.writer(services.files.input_key(job_id))
+
+
+def discard_input(services: Services, job_id: str) -> None:
+    """Throw away what a submission that was not accepted stored."""
+    services.files.remove_job(job_id)
+
+
+def parse_callback(fields: Mapping[str, str], settings: Settings) -> str | None:
+    """The submission's ``callback_url`` field, if the deployment may call it back."""
+    url = (fields.get("callback_url") or "").strip()
+    if not url:
+        return None
+    try:
+        return check_callback_url(url, settings.callback_hosts)
+    except CallbackRefused as refusal:
+        raise InvalidRequest("callback-refused", str(refusal), field="callback_url") from None
+
+
+def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idempotency_key: str | None,
+           callback_url: str | None = None) -> tuple[Job, bool]:
+    """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
-    used for a different request, it is a 422.
+    used for a different request, it is a 422. Whatever is not accepted is removed from the store.
     """
-    places = options.pop("places")
-    fingerprint = _fingerprint(upload.sha256, places, options)
-    new = NewJob(input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
-                 places=places, options=options, max_attempts=services.settings.max_attempts,
-                 idempotency_key=idempotency_key, request_fingerprint=fingerprint)
-    services.files.adopt_upload(upload.path, new.id)
+    fingerprint = spec.fingerprint(upload.sha256)
+    new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
+                 spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
+                 request_fingerprint=fingerprint)
     try:
         job = services.store.create(new)
     except IdempotencyConflict as conflict:
         services.files.remove_job(new.id)
         if conflict.existing.request_fingerprint != fingerprint:
-            raise ProblemError(422, "idempotency-key-reused", "this Idempotency-Key was already used for a "
-                               "different request (another model, places or options)", field="Idempotency-Key",
-                               job_id=conflict.existing.id) from None
+            raise InvalidRequest("idempotency-key-reused", "this Idempotency-Key was already used for a different "
+                                 "request (another model, places or options)", field="Idempotency-Key",
+                                 job_id=conflict.existing.id) from None
         return conflict.existing, False
     except BaseException:
         services.files.remove_job(new.id)
         raise
     try:
+        if callback_url is not None:  # before the queue hears of it: the job cannot end without its callback
+            CallbackStore(services.store).add(job.id, callback_url)
         services.queue.enqueue(job.id)
     except Exception as error:
         services.store.delete(job.id)
         services.files.remove_job(job.id)
-        raise ProblemError(503, "queue-unavailable", f"the job queue is unavailable ({type(error).__name__}); "
-                           "nothing was kept, try again later", headers={"Retry-After": "10"}) from None
+        raise Unavailable("queue-unavailable", f"the job queue is unavailable ({type(error).__name__}); "
+                          "nothing was kept, try again later", retry_after=10) from None
     services.metrics.jobs_submitted.inc()
     services.metrics.upload_bytes.inc(upload.bytes)
     return job, True
 
 
-def _fingerprint(sha256: str, places: str, options: dict[str, Any]) -> str:
-    text = json.dumps({"sha256": sha256, "places": places, "options": options}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+def callback(services: Services, job: Job) -> dict[str, Any]:
+    found = CallbackStore(services.store).get(job.id)
+    if found is None:
+        raise NotFound("no-callback", "the job was submitted without a callback_url", job_id=job.id)
+    if found["state"] != "pending":
+        found["next_at"] = None
+    return found
 
 
 def cancel(services: Services, job: Job) -> Job:
     if job.state.is_terminal:
-        raise ProblemError(409, "job-finished", f"the job is already {job.state.value}; there is nothing to cancel",
-                           job_id=job.id, job_status=job.state.value)
+        raise Conflict("job-finished", f"the job is already {job.state.value}; there is nothing to cancel",
+                       job_id=job.id, job_status=job.state.value)
     updated = services.store.request_cancel(job.id)
     if updated is None:
-        raise ProblemError(404, "job-not-found", f"there is no job {job.id!r}", field="job_id")
+        raise NotFound("job-not-found", f"there is no job {job.id!r}", field="job_id")
     return updated
 
 
@@ -133,8 +165,8 @@ def delete(services: Services, job: Job) -> None:
     if not services.store.delete(job.id, unless_state=[JobState.RUNNING]):
         if services.store.get(job.id) is None:
             return
-        raise ProblemError(409, "job-running", "the job is running; cancel it first and delete it once it has "
-                           "stopped", job_id=job.id)
+        raise Conflict("job-running", "the job is running; cancel it first and delete it once it has stopped",
+                       job_id=job.id)
     services.files.remove_job(job.id)
 
 
@@ -155,7 +187,7 @@ def job_out(job: Job) -> JobOut:
         id=job.id, status=job.state.value, created_at=job.created_at, updated_at=job.updated_at,
         started_at=job.started_at, finished_at=job.finished_at, attempt=job.attempt,
         max_attempts=job.max_attempts, cancel_requested=job.cancel_requested, progress=progress,
-        places=job.places, options=job.options,
+        places=job.spec.places, options=dict(job.spec.options),
         input=JobInput(filename=job.input_filename, bytes=job.input_bytes, sha256=job.input_sha256),
         artifact=artifact, error=error, retry_reason=job.retry_reason,
         summary=JobSummary(**job.summary) if job.summary else None,
@@ -163,48 +195,61 @@ def job_out(job: Job) -> JobOut:
                        report=f"{base}/report", cancel=f"{base}/cancel"))
 
 
-def artifact_file(services: Services, job: Job) -> Path:
+def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
+    """The optimized model (``data``: its external weights), as the store can hand it out."""
     _require_succeeded(job, "artifact")
-    path = services.files.artifact_path(job.id, job.artifact_attempt)
-    if not path.is_file():
-        raise ProblemError(404, "artifact-missing", "the job's artifact is missing from storage", job_id=job.id)
-    return path
-
-
-def artifact_data_file(services: Services, job: Job) -> Path:
-    _require_succeeded(job, "artifact")
-    path = services.files.artifact_data_path(job.id, job.artifact_attempt)
-    if not path.is_file():
-        raise ProblemError(404, "no-external-data", "the job's model keeps its weights inside the model file; "
-                                                    "it has no external data", job_id=job.id)
-    return path
-
-
-def report(services: Services, job: Job) -> dict[str, Any]:
-    """The published report, with server paths reduced to file names."""
-    _require_succeeded(job, "report")
-    path = services.files.report_path(job.id, job.artifact_attempt)
+    files, storage = services.files, services.files.storage
+    key = (files.artifact_data_key if data else files.artifact_key)(job.id, job.artifact_attempt)
+    filename = "model.onnx.data" if data else artifact_name(job.input_filename)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        local = storage.local_path(key)
+        if local is not None:
+            return Download(filename, local.stat().st_size, path=local)
+        if services.settings.storage_redirect and storage.exists(key):
+            return Download(filename, redirect=storage.presign(key, filename, PRESIGN_SECONDS))
+        found = storage.open(key)
+        return Download(filename, found.size, chunks=found.chunks)
+    except FileNotFoundError:  # ObjectMissing included
+        if data:
+            raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
+                           "no external data", job_id=job.id) from None
+        raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+
+
+def report(services: Services, job: Job) -> Report:
+    """The published report (it names no server path: the runner published it so)."""
+    _require_succeeded(job, "report")
+    try:
+        return Report.from_json(services.files.storage.read_bytes(
+            services.files.report_key(job.id, job.artifact_attempt), REPORT_LIMIT))
     except (OSError, ValueError):
-        raise ProblemError(404, "report-missing", "the job's report is missing from storage",
-                           job_id=job.id) from None
-    for side in (data.get("model") or {}).values():
-        if isinstance(side, dict) and isinstance(side.get("path"), str):
-            side["path"] = Path(side["path"]).name
-    return data
+        raise NotFound("report-missing", "the job's report is missing from storage", job_id=job.id) from None
+
+
+def memory(services: Services, job: Job, dims: str | None = None) -> dict[str, Any]:
+    found = report(services, job).memory
+    if found is None:
+        raise NotFound("no-memory-report", "this job's report has no memory estimates (the memory planning pass "
+                       "did not run)", job_id=job.id)
+    if dims is None:
+        return found
+    try:
+        return memory_at(found, dims)
+    except OptionsError as error:
+        raise InvalidRequest("invalid-dims", str(error), field="dims") from None
 
 
 def _require_succeeded(job: Job, what: str) -> None:
     if job.state is not JobState.SUCCEEDED:
-        raise ProblemError(409, "job-not-succeeded", f"the job is {job.state.value}; it has an {what} only once "
-                           "it has succeeded", job_id=job.id, job_status=job.state.value)
+        raise Conflict("job-not-succeeded", f"the job is {job.state.value}; it has an {what} only once it has "
+                       "succeeded", job_id=job.id, job_status=job.state.value)
 
 
 def readiness(services: Services) -> dict[str, dict[str, Any]]:
     return {
         "database": _check(services.store.ping, "the job table answers"),
-        "storage": _check(lambda: _probe_storage(services.files.root), "the data directory is writable"),
+        "storage": _check(services.files.storage.ping, "the data directory is writable"
+                          if services.files.storage.kind == "local" else "the S3 bucket answers"),
         "queue": _check(services.queue.ping, f"the {services.queue.backend} queue answers"),
         "worker": _worker_check(services),
     }
@@ -227,9 +272,3 @@ def _check(probe, ok_detail: str) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - any failure means "not ready", and says why
         return {"ok": False, "detail": f"{type(error).__name__}: {error}"[:300]}
     return {"ok": True, "detail": ok_detail}
-
-
-def _probe_storage(root: Path) -> None:
-    probe = root / f".ready-{secrets.token_hex(4)}"
-    probe.write_bytes(b"ok")
-    probe.unlink()

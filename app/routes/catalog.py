@@ -13,7 +13,7 @@ router = APIRouter(tags=["catalog"])
 def list_passes():
     """Every pass (kind, level, targets, kernels, origin, position in the default pipeline), every plugin
     filter and callback, every pipeline, and every plugin found, loaded or failed with its error."""
-    from worker.api import list_all
+    from worker.engine.api import list_all
 
     return list_all()
 
@@ -22,7 +22,7 @@ def list_passes():
 def list_targets(kernels: bool = True):
     """Every target a place may name: its memory space, the source of its kernel table and (unless
     ``kernels=false``) its kernels: op, opset range, precision, layout."""
-    from worker.api import list_targets
+    from worker.engine.api import list_targets
 
     targets = list_targets()
     for target in targets:

@@ -8,7 +8,7 @@ from app import services as jobs
 from app.deps import ServicesDep
 from app.problems import problem_response, problem_responses
 from app.schemas import Liveness, Readiness
-from worker import __version__
+from worker.engine.api import __version__
 
 router = APIRouter(tags=["health"])
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -24,7 +24,7 @@ def healthz():
 def readyz(request: Request, services: ServicesDep):
     """Readiness: the database, the storage, the queue and at least one worker (by its heartbeat); the plugins
     found, a failed one with its error (it does not make the service unready)."""
-    from worker.api import list_plugins
+    from worker.engine.api import list_plugins
 
     checks, plugins = jobs.readiness(services), list_plugins()
     if all(c["ok"] for c in checks.values()):
@@ -50,6 +50,9 @@ def _gauges(services) -> list[str]:
         lines.append(f'mirserve_jobs{{status="{state.value}"}} {count}')
     lines += ["# HELP mirserve_queue_messages Messages waiting in the queue.",
               "# TYPE mirserve_queue_messages gauge", f"mirserve_queue_messages {services.queue.pending()}"]
+    lines += ["# HELP mirserve_pass_failures_total Passes that failed and were undone (the jobs went on without "
+              "them), over the jobs the table holds.", "# TYPE mirserve_pass_failures_total counter",
+              f"mirserve_pass_failures_total {services.store.pass_failures()}"]
     workers = services.store.live_workers(services.settings.lease_seconds)
     lines += ["# HELP mirserve_workers Workers that sent a heartbeat within the lease time.",
               "# TYPE mirserve_workers gauge", f"mirserve_workers {len(workers)}",

@@ -1,16 +1,18 @@
 """``/jobs``: list, read, download, cancel and delete jobs."""
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, StreamingResponse
 
+from app import pictures
 from app import services as jobs
 from app.deps import JobDep, ServicesDep
-from app.problems import ProblemError, problem_responses
-from app.schemas import JobOut, JobPage, JobStatus, TraceEntry
-from worker.jobs.store import JobState
+from app.problems import problem_responses
+from app.schemas import CallbackOut, JobOut, JobPage, JobStatus, TraceEntry
+from worker.jobs import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 ONNX_MEDIA_TYPE = "application/octet-stream"
@@ -36,33 +38,52 @@ async def get_job(job: JobDep, response: Response):  # the job is loaded in the 
     return jobs.job_out(job)
 
 
+REDIRECT_RESPONSE = {307: {"description": "With MIRSERVE_STORAGE_REDIRECT=1 and an S3 store: download from the "
+                                          "presigned URL in Location (valid for a few minutes).",
+                           "headers": {"Location": {"schema": {"type": "string"}}}}}
+
+
 @router.get("/{job_id}/artifact", response_class=FileResponse,
             responses={200: {"content": {ONNX_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                              "description": "The optimized model.",
                              "headers": {"ETag": {"schema": {"type": "string"}}}},
                        304: {"description": "Not modified: the artifact still has the ETag given in If-None-Match."},
-                       **problem_responses(404, 409)})
+                       **REDIRECT_RESPONSE, **problem_responses(404, 409)})
 def get_artifact(job: JobDep, services: ServicesDep,
                  if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None):
     """The optimized model, with a strong ETag (its sha256); 409 until the job has succeeded."""
-    path = jobs.artifact_file(services, job)
     etag = f'"{job.artifact_sha256}"'
-    if if_none_match is not None and _matches(if_none_match, etag):
+    if job.state is JobState.SUCCEEDED and if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    stem = job.input_filename.rsplit(".", 1)[0] or "model"
-    return FileResponse(path, media_type=ONNX_MEDIA_TYPE, filename=f"{stem}.opt.onnx", headers={"ETag": etag})
+    return _send(jobs.artifact(services, job), {"ETag": etag})
 
 
 @router.get("/{job_id}/artifact/data", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                              "description": "The external weights of a model over 2 GB."},
-                       **problem_responses(404, 409)})
+                       **REDIRECT_RESPONSE, **problem_responses(404, 409)})
 def get_artifact_data(job: JobDep, services: ServicesDep):
     """The weights of a model too big for one protobuf (over 2 GB), which the model names as
     `model.onnx.data`: save this file under that name beside the downloaded model. 404 when the model keeps
     its weights inside."""
-    path = jobs.artifact_data_file(services, job)
-    return FileResponse(path, media_type="application/octet-stream", filename=path.name)
+    return _send(jobs.artifact(services, job, data=True), {})
+
+
+def _send(download: jobs.Download, headers: dict[str, str]) -> Response:
+    """A local file with sendfile, a stream from the store, or a redirect to it."""
+    if download.redirect is not None:
+        return RedirectResponse(download.redirect, status_code=307, headers=headers)
+    if download.path is not None:
+        return FileResponse(download.path, media_type=ONNX_MEDIA_TYPE, filename=download.filename, headers=headers)
+    headers = {**headers, "Content-Length": str(download.size),
+               "Content-Disposition": _attachment(download.filename)}
+    return StreamingResponse(download.chunks, media_type=ONNX_MEDIA_TYPE, headers=headers)
+
+
+def _attachment(filename: str) -> str:
+    """The Content-Disposition FileResponse would send for this name (RFC 6266, RFC 5987 beyond ASCII)."""
+    quoted = quote(filename)
+    return f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
 
 
 def _matches(if_none_match: str, etag: str) -> bool:
@@ -72,26 +93,39 @@ def _matches(if_none_match: str, etag: str) -> bool:
 
 
 @router.get("/{job_id}/trace", response_model=list[TraceEntry], response_model_exclude_unset=True,
-            responses=problem_responses(404, 409))
-def get_trace(job: JobDep, services: ServicesDep) -> Any:
+            responses={200: {"content": {"application/json": {"schema": {"oneOf": [
+                {"type": "array", "items": {"$ref": "#/components/schemas/TraceEntry"}},
+                {"type": "object", "description": "format=chrome: a Chrome trace-event document"}]}}}},
+                       **problem_responses(404, 409, 422)})
+def get_trace(job: JobDep, services: ServicesDep,
+              format: Annotated[Literal["entries", "chrome"], Query(
+                  description="entries (default), or chrome: the Chrome trace-event format that Perfetto and "
+                              "chrome://tracing open, one slice per pass with its rewrites as args")] = "entries"
+              ) -> Any:
     """Per pass: kind, origin, seconds, skip reason, node and value counts before and after, rewrites."""
-    return jobs.report(services, job).get("trace") or []
+    if format == "chrome":
+        return JSONResponse(pictures.chrome_trace(services, job))
+    return jobs.report(services, job).trace
 
 
-@router.get("/{job_id}/memory", response_model=dict[str, Any], responses=problem_responses(404, 409))
-def get_memory(job: JobDep, services: ServicesDep) -> Any:
-    """The memory estimates of the optimized model (the memory planning pass's report)."""
-    memory = jobs.report(services, job).get("memory")
-    if not isinstance(memory, dict):
-        raise ProblemError(404, "no-memory-report", "this job's report has no memory estimates (the memory "
-                           "planning pass did not run)", job_id=job.id)
-    return memory
+@router.get("/{job_id}/memory", response_model=dict[str, Any], responses=problem_responses(404, 409, 422))
+def get_memory(job: JobDep, services: ServicesDep, dims: Annotated[str | None, Query(
+        description="sizes of the model's open input dims, e.g. batch=8,seq=512: the arena, peak and io bytes "
+                    "there, from the formulas the memory plan fitted", examples=["batch=8,seq=512"])] = None) -> Any:
+    """The memory estimates of the optimized model (the memory planning pass's report), or at ``dims``."""
+    return jobs.memory(services, job, dims)
 
 
 @router.get("/{job_id}/report", response_model=dict[str, Any], responses=problem_responses(404, 409))
 def get_report(job: JobDep, services: ServicesDep) -> Any:
     """The engine's whole report: model sizes, places, options, trace, verification, memory, kernels."""
-    return jobs.report(services, job)
+    return jobs.report(services, job).to_dict()
+
+
+@router.get("/{job_id}/callback", response_model=CallbackOut, responses=problem_responses(404))
+def get_callback(job: JobDep, services: ServicesDep):
+    """Where the job's end is notified and how that went: pending, delivered, or failed with the last error."""
+    return jobs.callback(services, job)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobOut, responses=problem_responses(404, 409))

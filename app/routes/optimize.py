@@ -8,9 +8,11 @@ from fastapi import APIRouter, Header, Request, Response
 
 from app import services as jobs
 from app.deps import ServicesDep
+from app.errors import ServiceError
 from app.problems import problem_responses
 from app.schemas import JobOut
 from app.uploads import receive_upload
+from worker.jobs import new_job_id
 
 router = APIRouter(tags=["jobs"])
 SUBMIT_THREADS = 4
@@ -25,10 +27,14 @@ FORM_SCHEMA = {
             "places": {"type": "string", "example": "arm/fp16/nhwc,arm/fp32/nchw",
                        "description": "valid places in priority order, each target/precision/layout "
                                       "(default x86/fp32/nchw)"},
+            "callback_url": {"type": "string", "format": "uri", "maxLength": 2048,
+                             "description": "POSTed a signed JSON notice when the job ends (HMAC-SHA256 in "
+                                            "X-Mirserve-Signature); its host must be in MIRSERVE_CALLBACK_ALLOW"},
             "options": {"type": "string", "example": '{"input_shapes": {"x": [1, 3, 640, 640]}}',
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
-                                       "check_support_only, verify, verify_runs, rtol, atol, dim_bounds"},
+                                       "check_support_only, verify, verify_runs, rtol, atol, dim_bounds, "
+                                       "cut_start, cut_end, strict"},
         },
     }}},
 }
@@ -51,18 +57,18 @@ async def optimize(request: Request, response: Response, services: ServicesDep,
                    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                                  max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
     """Upload a model with its places and options; the job is validated, stored and queued."""
-    settings = services.settings
+    job_id = new_job_id()
     upload = await receive_upload(request.headers.get("content-type"), request.headers.get("content-length"),
-                                  request.stream(), services.files.uploads, settings.max_upload_bytes,
-                                  check_fields=lambda fields: jobs.parse_options(fields.get("places"),
-                                                                                 fields.get("options")))
-    try:
-        # Pure checks without I/O, a fraction of a millisecond: no thread hop for them.
-        options = jobs.parse_options(upload.fields.get("places"), upload.fields.get("options"))
-        job, _created = await anyio.to_thread.run_sync(jobs.submit, services, upload, options, idempotency_key,
-                                                       limiter=_submit_limiter(request))
-    finally:
-        upload.discard()  # a no-op once the job adopted the file
+                                  request.stream(), jobs.input_writer(services, job_id),
+                                  services.settings.max_upload_bytes, check_fields=jobs.parse_spec)
+    try:  # pure checks without I/O, a fraction of a millisecond: no thread hop for them
+        spec = upload.checked or jobs.parse_spec(upload.fields)
+        callback = jobs.parse_callback(upload.fields, services.settings)
+    except ServiceError:
+        await anyio.to_thread.run_sync(jobs.discard_input, services, job_id)
+        raise
+    job, _created = await anyio.to_thread.run_sync(jobs.submit, services, job_id, upload, spec, idempotency_key,
+                                                   callback, limiter=_submit_limiter(request))
     response.headers["Location"] = f"/jobs/{job.id}"
     response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
     return jobs.job_out(job)

@@ -8,18 +8,38 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from worker.jobs.config import JobConfig
+from worker.jobs.config import JobSettings
 from worker.jobs.files import JobFiles
-from worker.jobs.queue import JobQueue, build_huey
+from worker.jobs.queue import JobQueue
+from worker.jobs.spec import JobSpec
 from worker.jobs.store import JobStore, NewJob
 
 POSTGRES_URL = os.environ.get("MIRSERVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("MIRSERVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FAKE_ENGINE = "tests.service.engines:scripted"
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """Commands run in-process (``main(["worker"])``) configure logging for a service: one handler on the
+    root logger, on the stream of that moment. Put pytest's handlers and levels back afterwards."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in ("huey", "huey.consumer", "huey.storage")}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, old in quiet.items():
+        logging.getLogger(name).setLevel(old)
 
 
 def server_unavailable(what: str, error: BaseException) -> None:
@@ -44,10 +64,56 @@ def postgres_url():
         admin.dispose()
         server_unavailable(f"PostgreSQL at {POSTGRES_URL}", error)
     separator = "&" if "?" in POSTGRES_URL else "?"
-    yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    url = f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
+    upgraded_database(url)
+    yield url
     with admin.begin() as conn:
         conn.execute(sqlalchemy.text(f"DROP SCHEMA {schema} CASCADE"))
     admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's standalone S3 server on a free local port, for the session: the AWS variables that point a
+    client at it (the same test server s3fs and fsspec run their suites against)."""
+    import httpx
+
+    from tests.service.server import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                   stdout=output, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except httpx.TransportError as error:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"moto's S3 server did not start: {error}\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch):
+    """A new bucket on the moto server, with the AWS variables set for this test; yields its name."""
+    import boto3
+
+    for name, value in s3_server.items():
+        monkeypatch.setenv(name, value)
+    bucket = f"mirserve-test-{secrets.token_hex(4)}"
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    client.close()
+    return bucket
 
 
 @pytest.fixture(scope="session")
@@ -64,20 +130,31 @@ def redis_url():
     return REDIS_URL
 
 
-def make_config(data_dir: Path, database_url: str | None = None, redis_url: str | None = None, **overrides) -> JobConfig:
+def upgraded_database(url: str) -> str:
+    """Create the job tables at ``url`` (as ``mirserve db upgrade`` does); returns the URL."""
+    store = JobStore(url)
+    try:
+        store.upgrade_schema()
+    finally:
+        store.dispose()
+    return url
+
+
+def make_config(data_dir: Path, database_url: str | None = None, redis_url: str | None = None,
+                **overrides) -> JobSettings:
     values = dict(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'mirserve.db'}",
                   redis_url=redis_url, queue_name=f"mirserve-test-{secrets.token_hex(4)}", engine=FAKE_ENGINE,
                   lease_seconds=3.0, heartbeat_seconds=0.3, reaper_interval_seconds=0.3, job_memory_mb=2048,
                   job_time_limit_seconds=60.0, poll_seconds=0.05)
     values.update(overrides)
-    return JobConfig(**values)
+    return JobSettings(**values)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request, tmp_path):
     """The job table's URL on each backend."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mirserve.db'}"
+        return upgraded_database(f"sqlite:///{tmp_path / 'mirserve.db'}")
     return request.getfixturevalue("postgres_url")
 
 
@@ -87,7 +164,6 @@ def store(database_url):
     from worker.jobs.store import metadata
 
     job_store = JobStore(database_url)
-    job_store.create_schema()
     with job_store.engine.begin() as conn:
         for table in reversed(metadata.sorted_tables):
             conn.execute(table.delete())
@@ -103,7 +179,7 @@ def queue_backend(request):
 @pytest.fixture
 def queue(queue_backend, tmp_path):
     """A job queue on each backend, with its own name so concurrent runs never share messages."""
-    job_queue = JobQueue(build_huey(make_config(tmp_path, redis_url=queue_backend)))
+    job_queue = JobQueue.connect(make_config(tmp_path, redis_url=queue_backend))
     yield job_queue
     job_queue.flush()
     job_queue.close()
@@ -113,10 +189,7 @@ def new_job(files: JobFiles | None = None, payload: bytes = b"not really a model
             **options) -> NewJob:
     """A NewJob (with its upload in place when ``files`` is given) whose options script the fake engine."""
     job = NewJob(input_filename="model.onnx", input_bytes=len(payload), input_sha256="0" * 64,
-                 places="x86/fp32/nchw", options=options, max_attempts=max_attempts)
+                 spec=JobSpec("x86/fp32/nchw", options), max_attempts=max_attempts)
     if files is not None:
-        files.ensure()
-        upload = files.uploads / f"{job.id}.part"
-        upload.write_bytes(payload)
-        files.adopt_upload(upload, job.id)
+        files.storage.put_bytes(files.input_key(job.id), payload)
     return job

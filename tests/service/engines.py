@@ -5,11 +5,13 @@ which tests write straight into the job table (the API would reject these keys).
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import sys
 import time
 
-from worker.errors import ModelError
+from worker.engine.errors import ModelError
 
 
 def scripted(model_path, output_path, options, progress):
@@ -28,6 +30,11 @@ def scripted(model_path, output_path, options, progress):
         return {"hoarded": len(hoard)}
     if then == "raise":
         raise RuntimeError("a bug in the fake engine")
+    if options.get("record_process"):  # which process ran the job, and what it had loaded before
+        record("process", {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0),
+                           "engine_loaded": "worker.engine.passes" in sys.modules})
+    if then == "probe":  # what it found goes to its log: the published report names no server path
+        record("probe", probe(options))
     shutil.copyfile(model_path, output_path)
     size = os.path.getsize(output_path)
     external = None
@@ -48,7 +55,53 @@ def scripted(model_path, output_path, options, progress):
     }
     if options.get("no_memory"):
         del report["memory"]
+    if options.get("open_dims"):  # a model whose input dim 'batch' is open: its memory as formulas of it
+        fit = {"formula": "1024*batch", "terms": [[1024, {"batch": 1}]]}
+        report["memory"]["symbolic"] = {"dims": ["batch"], "base": {"batch": 1},
+                                        "spaces": {"host": {"arena_bytes": fit, "peak_bytes": fit}},
+                                        "io_bytes": {"formula": "16*batch", "terms": [[16, {"batch": 1}]]},
+                                        "planned_at": [{"batch": 1}, {"batch": 2}], "checked_at": [{"batch": 3}]}
     return report
+
+
+def record(name: str, data: dict) -> None:
+    """A line of the engine log (which the runner keeps with the attempt) that ``recorded`` finds."""
+    print(f"RECORD {name} {json.dumps(data)}", flush=True)
+
+
+def recorded(log: bytes, name: str) -> dict:
+    for line in log.decode().splitlines():
+        if line.startswith(f"RECORD {name} "):
+            return json.loads(line[len(f"RECORD {name} "):])
+    raise AssertionError(f"no {name} record in the engine log:\n{log.decode()[-2000:]}")
+
+
+def probe(options) -> dict:
+    """What this process (and a child it starts, as verification does) can reach of the file system."""
+    import subprocess
+    import sys
+
+    def attempt(action, path):
+        try:
+            action(path)
+            return "ok"
+        except OSError as error:
+            return type(error).__name__
+
+    def write(path):
+        with open(path, "wb") as handle:
+            handle.write(b"x")
+
+    found = {"cwd": os.getcwd(), "home": os.environ.get("HOME"), "tmpdir": os.environ.get("TMPDIR"),
+             "relative": os.path.abspath("relative.txt"),
+             "read": {p: attempt(lambda q: open(q, "rb").read(1), p) for p in options.get("probe_read", [])},
+             "write": {p: attempt(write, p) for p in options.get("probe_write", [])},
+             "list": {p: attempt(os.listdir, p) for p in options.get("probe_list", [])}}
+    script = ("import sys\ntry:\n    open(sys.argv[1], 'rb').read(1); print('ok')\n"
+              "except OSError as e:\n    print(type(e).__name__)")
+    found["child_read"] = {p: subprocess.run([sys.executable, "-c", script, p], capture_output=True,
+                                             text=True).stdout.strip() for p in options.get("probe_read", [])}
+    return found
 
 
 def slow_optimize(model_path, output_path, options, progress):

@@ -4,6 +4,7 @@ directory; jobs are run, where a test needs them run, by an embedded worker with
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.openapi import render
 from app.settings import Settings
-from tests.service.conftest import FAKE_ENGINE
+from tests.service.conftest import FAKE_ENGINE, upgraded_database
 from worker.jobs.consumer import JobWorker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +24,10 @@ MODEL = b"\x08\x07" + b"pretend this is an ONNX model" * 10
 
 @pytest.fixture
 def settings(tmp_path):
-    return Settings(data_dir=tmp_path / "data", max_upload_mb=0.5, engine=FAKE_ENGINE, lease_seconds=3,
-                    heartbeat_seconds=0.3, reaper_interval_seconds=0.5, job_memory_mb=1024)
+    settings = Settings(data_dir=tmp_path / "data", max_upload_mb=0.5, engine=FAKE_ENGINE, lease_seconds=3,
+                        heartbeat_seconds=0.3, reaper_interval_seconds=0.5, job_memory_mb=1024)
+    upgraded_database(settings.effective_database_url)
+    return settings
 
 
 @pytest.fixture
@@ -35,7 +38,7 @@ def client(settings):
 
 @pytest.fixture
 def worker(settings, client):
-    job_worker = JobWorker(settings.job_config)
+    job_worker = JobWorker(settings)
     job_worker.start()
     yield job_worker
     job_worker.stop(timeout=5)
@@ -70,8 +73,9 @@ def wait_done(client, job_id: str, timeout: float = 20) -> dict:
 
 
 def leftovers(settings) -> list[str]:
-    data = settings.data_dir
-    return [p.name for p in (data / "uploads").iterdir()] + [p.name for p in (data / "jobs").iterdir()]
+    """Whatever the store holds of jobs: written, partly written, or directories."""
+    jobs = settings.data_dir / "jobs"
+    return [str(p.relative_to(jobs)) for p in jobs.rglob("*")] if jobs.exists() else []
 
 
 def test_submit_answers_202_with_location_retry_after_and_the_queued_job(client):
@@ -112,7 +116,7 @@ def test_trace_memory_and_report_come_from_the_published_report(client, worker):
 
 def test_a_report_without_memory_estimates_answers_memory_with_404(client, settings):
     job = post_model(client).json()
-    job_worker = JobWorker(settings.job_config)
+    job_worker = JobWorker(settings)
     _script(job_worker, job["id"], {"no_memory": True})
     job_worker.start()
     try:
@@ -124,9 +128,28 @@ def test_a_report_without_memory_estimates_answers_memory_with_404(client, setti
     assert client.get(job["links"]["trace"]).status_code == 200
 
 
+def test_memory_at_other_sizes_of_the_open_dims_comes_from_the_formulas(client, settings):
+    job, static = post_model(client).json(), post_model(client).json()
+    job_worker = JobWorker(settings)
+    _script(job_worker, job["id"], {"open_dims": True})
+    job_worker.start()
+    try:
+        assert wait_done(client, job["id"])["status"] == wait_done(client, static["id"])["status"] == "succeeded"
+    finally:
+        job_worker.stop(timeout=5)
+    at = client.get(job["links"]["memory"], params={"dims": "batch=8"}).json()
+    assert at["arenas"] == [{"space": "host", "arena_bytes": 8192, "arena_formula": "1024*batch",
+                             "peak_bytes": 8192, "peak_formula": "1024*batch"}]
+    assert at["io_bytes"] == 128 and at["extrapolated"] == ["batch"] and at["dims"] == {"batch": 8}
+    body = assert_problem(client.get(job["links"]["memory"], params={"dims": "seq=8"}), 422, "dims")
+    assert "the model's open dims are batch" in body["detail"]
+    body = assert_problem(client.get(static["links"]["memory"], params={"dims": "batch=8"}), 422, "dims")
+    assert "no open dims" in body["detail"]
+
+
 def test_a_model_over_2_gb_serves_its_external_weights_too(client, settings):
     plain, big = post_model(client).json(), post_model(client).json()
-    job_worker = JobWorker(settings.job_config)
+    job_worker = JobWorker(settings)
     _script(job_worker, big["id"], {"external_data": True})  # before any worker runs: no race
     job_worker.start()
     try:
@@ -147,7 +170,8 @@ def _script(job_worker: JobWorker, job_id: str, options: dict) -> None:
     from worker.jobs.store import jobs_table
 
     with write_transaction(job_worker.store.engine) as conn:
-        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id).values(options=options))
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
+                     .values(spec={"places": "x86/fp32/nchw", "options": options}))
 
 
 def test_results_of_an_unfinished_job_are_409(client):
@@ -166,7 +190,7 @@ def test_results_of_an_unfinished_job_are_409(client):
     ("x86", {"optimise": True}, "options.optimise", "unknown option"),
     ("x86", {"disabled_passes": ["no_such_pass"]}, "options.disabled_passes", "'no_such_pass'"),
     ("x86", {"pipeline": "nope"}, "options.pipeline", "unknown pipeline"),
-    ("x86", {"trusted_external_data": True}, "options.trusted_external_data", "cannot be set over HTTP"),
+    ("x86", {"trusted_external_data": True}, "options.trusted_external_data", "unknown option"),
     ("x86", {"places": "arm"}, "options.places", "'places' form field"),
     ("x86", {"input_shapes": {"x": [1, -3]}}, "options.input_shapes", "non-negative"),
 ])
@@ -233,7 +257,7 @@ def test_delete_removes_the_job_and_its_files(client, settings):
 
 def test_a_running_job_cannot_be_deleted_but_can_be_canceled(client, settings):
     job = post_model(client).json()
-    job_worker = JobWorker(settings.job_config)
+    job_worker = JobWorker(settings)
     _script(job_worker, job["id"], {"passes": 1, "pass_seconds": 30})
     job_worker.start()
     try:
@@ -263,7 +287,7 @@ def test_readiness_needs_a_worker_heartbeat(client, settings):
     body = assert_problem(client.get("/readyz"), 503)
     assert body["checks"]["database"]["ok"] and body["checks"]["queue"]["ok"] and body["checks"]["storage"]["ok"]
     assert not body["checks"]["worker"]["ok"]
-    job_worker = JobWorker(settings.job_config)
+    job_worker = JobWorker(settings)
     job_worker.start()
     try:
         ready = client.get("/readyz")
@@ -297,7 +321,7 @@ def test_metrics_are_prometheus_text_with_jobs_requests_and_latency(client):
 
 
 def test_passes_and_targets_come_from_the_engine(client):
-    from worker.api import list_passes, list_targets
+    from worker.engine.api import list_passes, list_targets
 
     assert [p["name"] for p in client.get("/passes").json()["passes"]] == [p["name"] for p in list_passes()]
     expected = {t["name"]: t for t in list_targets()}
@@ -327,3 +351,36 @@ def test_every_operation_documents_its_errors_as_problems(client):
             for status, entry in responses.items():
                 if int(status) >= 400:
                     assert list(entry["content"]) == ["application/problem+json"], f"{method} {path} {status}"
+
+
+@pytest.mark.parametrize("redirect", [False, True])
+def test_with_an_s3_store_uploads_artifacts_and_reports_live_in_the_bucket(tmp_path, s3_bucket, redirect):
+    import boto3
+    import httpx
+
+    settings = Settings(data_dir=tmp_path / "data", max_upload_mb=16, engine=FAKE_ENGINE, lease_seconds=3,
+                        heartbeat_seconds=0.3, job_memory_mb=1024, storage_url=f"s3://{s3_bucket}/svc",
+                        storage_redirect=redirect)
+    upgraded_database(settings.effective_database_url)
+    model = b"\x08\x07" + os.urandom(9 << 20)  # a multipart upload
+    with TestClient(create_app(settings)) as client:
+        job_worker = JobWorker(settings)
+        job_worker.start()
+        try:
+            job = wait_done(client, post_model(client, model=model).json()["id"])
+        finally:
+            job_worker.stop(timeout=5)
+        assert job["status"] == "succeeded" and job["artifact"]["sha256"] == hashlib.sha256(model).hexdigest()
+        keys = sorted(o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"])
+        assert keys == [f"svc/jobs/{job['id']}/{name}" for name in
+                        ("attempt-1/engine.log", "attempt-1/model.onnx", "attempt-1/report.json", "input.onnx")]
+        assert not (settings.data_dir / "jobs").exists()  # nothing of the job on the API's or worker's disk
+        answer = client.get(job["links"]["artifact"], follow_redirects=False)
+        if redirect:
+            assert answer.status_code == 307 and answer.headers["etag"] == f'"{job["artifact"]["sha256"]}"'
+            answer = httpx.get(answer.headers["location"])
+        assert answer.status_code == 200 and answer.content == model
+        assert 'filename="det.opt.onnx"' in answer.headers["content-disposition"]
+        assert client.get(job["links"]["trace"]).json()[0]["pass"] == "fake_pass_1"
+        assert client.delete(f"/jobs/{job['id']}").status_code == 204
+        assert boto3.client("s3").list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0

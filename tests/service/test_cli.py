@@ -28,13 +28,16 @@ def test_openapi_writes_the_committed_document(tmp_path):
     assert target.read_text() == (REPO / "openapi" / "openapi.json").read_text()
 
 
-@pytest.mark.parametrize("variables, words", [
-    ({"MIRSERVE_LEASE_SECONDS": "2", "MIRSERVE_HEARTBEAT_SECONDS": "5"}, "MIRSERVE_HEARTBEAT_SECONDS (5.0) must be"),
-    ({"MIRSERVE_PORT": "http"}, "MIRSERVE_PORT: Input should be a valid integer"),
+@pytest.mark.parametrize("command, variables, words", [
+    ("worker", {"MIRSERVE_LEASE_SECONDS": "2", "MIRSERVE_HEARTBEAT_SECONDS": "5"},
+     "MIRSERVE_HEARTBEAT_SECONDS (5.0) must be"),
+    ("worker", {"MIRSERVE_WORKER_CONCURRENCY": "many"}, "MIRSERVE_WORKER_CONCURRENCY: Input should be a valid integer"),
+    ("api", {"MIRSERVE_PORT": "http"}, "MIRSERVE_PORT: Input should be a valid integer"),
+    ("serve", {"MIRSERVE_JOB_NICE": "40"}, "MIRSERVE_JOB_NICE: Input should be less than or equal to 19"),
 ])
-def test_bad_settings_stop_the_command_with_the_variable_named(monkeypatch, tmp_path, variables, words):
+def test_bad_settings_stop_the_command_with_the_variable_named(monkeypatch, tmp_path, command, variables, words):
     for name, value in {"MIRSERVE_DATA_DIR": str(tmp_path), **variables}.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as stopped:
-        main(["worker"])
+        main([command])
     assert words in str(stopped.value)

@@ -35,6 +35,11 @@ def passes(server):
     return {p["name"]: p for p in response.json()["passes"]}
 
 
+def stored_job_files(server) -> set[str]:
+    jobs = server.data_dir / "jobs"
+    return {str(p.relative_to(jobs)) for p in jobs.rglob("*")} if jobs.exists() else set()
+
+
 def assert_problem(response, status: int, field: str | None = None) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
@@ -76,6 +81,10 @@ def test_a_corpus_model_is_optimized_downloaded_and_runs_like_its_input(server, 
     run = [entry for entry in trace if entry["kind"] != "fixed_point"]  # groups of passes have entries too
     assert run and {entry["pass"] for entry in run} <= set(passes)
     assert job["summary"]["passes_run"] == sum(1 for entry in run if not entry["skipped"])
+    summary = job["summary"]  # the readable summary, as the CLI prints it
+    assert sum(r["after"] for r in summary["op_types"]) == summary["nodes_after"] == report["summary"]["nodes"]["after"]
+    assert sum(summary["nodes_per_place"].values()) == summary["nodes_after"]
+    assert summary["casts"] == report["summary"]["casts"] and summary["warnings"] == []
 
     memory = server.client.get(job["links"]["memory"])
     assert memory.status_code == 200 and memory.json() == report["memory"]
@@ -95,6 +104,7 @@ def test_an_upload_over_the_cap_is_413_while_streaming_and_leaves_no_file(server
         for _ in range(size // (1 << 20)):
             yield b"\0" * (1 << 20)
 
+    stored = stored_job_files(server)
     boundary = "capboundary"
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"; filename=\"big.onnx\"\r\n\r\n").encode()
 
@@ -108,7 +118,7 @@ def test_an_upload_over_the_cap_is_413_while_streaming_and_leaves_no_file(server
     assert_problem(response, 413, "model")
     declared = server.client.post("/optimize", files={"model": ("big.onnx", b"\0" * size)})
     assert_problem(declared, 413, "model")
-    assert list((server.data_dir / "uploads").iterdir()) == []
+    assert stored_job_files(server) == stored  # nothing kept, not even a part
     assert server.client.get("/jobs", params={"status": "queued"}).json()["total"] == 0
 
 
@@ -137,3 +147,37 @@ def test_metrics_and_readiness_over_http(server):
     metrics = server.client.get("/metrics").text
     assert "mirserve_workers 1" in metrics.splitlines()
     assert 'mirserve_jobs{status="succeeded"}' in metrics
+
+
+def test_an_upload_naming_a_server_file_as_external_data_fails_and_reads_nothing(server, tmp_path):
+    """The job table sits in the data dir; Constant, ConstantOfShape, initializer and sparse forms name it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    database = server.data_dir.resolve() / "mirserve.db"
+
+    def external(location: str, dims=(16,)) -> TensorProto:
+        tensor = TensorProto(name="v", data_type=TensorProto.UINT8, dims=list(dims))
+        tensor.data_location = TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+        return tensor
+
+    out = helper.make_tensor_value_info("y", TensorProto.UINT8, [16])
+    shape = helper.make_tensor("s", TensorProto.INT64, [1], [16])
+    forms = {
+        "constant": lambda loc: ([helper.make_node("Constant", [], ["y"], value=external(loc))], []),
+        "constant_of_shape": lambda loc: ([helper.make_node("ConstantOfShape", ["s"], ["y"],
+                                                            value=external(loc, (1,)))], [shape]),
+        "initializer": lambda loc: ([helper.make_node("Identity", ["v"], ["y"])], [external(loc)]),
+    }
+    for form, build in forms.items():
+        for location in ("mirserve.db", str(database), "../../mirserve.db"):
+            nodes, initializers = build(location)
+            model = helper.make_model(helper.make_graph(nodes, "g", [], [out], initializer=initializers),
+                                      opset_imports=[helper.make_opsetid("", 17)])
+            response = server.submit(model.SerializeToString(), "x86/fp32/nchw", filename=f"{form}.onnx")
+            assert response.status_code == 202, response.text
+            job = server.wait_for(response.json()["id"])
+            assert job["status"] == "failed", (form, location, job)
+            assert "never from an upload" in job["error"]["message"], job["error"]
+            assert server.client.get(f"/jobs/{job['id']}/artifact").status_code in (404, 409)

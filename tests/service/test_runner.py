@@ -6,6 +6,7 @@ SQLite + SqliteHuey and on PostgreSQL + RedisHuey against the local servers.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -13,18 +14,21 @@ from datetime import timedelta
 
 import pytest
 
-from tests.service.conftest import make_config, new_job
+from tests.service.conftest import make_config, new_job, upgraded_database
+from tests.service.engines import recorded
 from worker.jobs.consumer import JobWorker
 from worker.jobs.store import JobState, JobStore, jobs_table
 from worker.jobs.db import write_transaction
 
 
-@pytest.fixture(params=["sqlite+sqlite", "postgres+redis"])
+@pytest.fixture(params=["sqlite+sqlite+local", "postgres+redis+s3"])
 def backends(request, tmp_path):
-    if request.param == "sqlite+sqlite":
-        return {"database_url": f"sqlite:///{tmp_path / 'mirserve.db'}", "redis_url": None}
+    """The embedded set-up, and the scaled-out one: nothing shared but PostgreSQL, Redis and an S3 bucket."""
+    if request.param == "sqlite+sqlite+local":
+        return {"database_url": upgraded_database(f"sqlite:///{tmp_path / 'mirserve.db'}"), "redis_url": None}
     return {"database_url": request.getfixturevalue("postgres_url"),
-            "redis_url": request.getfixturevalue("redis_url")}
+            "redis_url": request.getfixturevalue("redis_url"),
+            "storage_url": f"s3://{request.getfixturevalue('s3_bucket')}/runner-test"}
 
 
 @pytest.fixture
@@ -88,7 +92,12 @@ def running_with_child(worker: JobWorker, job_id: str):
 
 
 def attempt_dirs(worker: JobWorker, job_id: str) -> list[str]:
-    return sorted(p.name for p in worker.files.job_dir(job_id).glob("attempt-*"))
+    """The attempts with stored files."""
+    return [n for n in worker.files.storage.children(worker.files.job_prefix(job_id)) if n.startswith("attempt-")]
+
+
+def engine_record(worker: JobWorker, job_id: str, attempt: int, name: str) -> dict:
+    return recorded(worker.files.storage.read_bytes(worker.files.log_key(job_id, attempt), 1 << 20), name)
 
 
 def test_job_succeeds_with_progress_summary_and_one_published_attempt(make_worker):
@@ -98,9 +107,10 @@ def test_job_succeeds_with_progress_summary_and_one_published_attempt(make_worke
     assert job.state is JobState.SUCCEEDED and job.attempt == 1
     assert (job.progress_index, job.progress_total, job.progress_pass) == (4, 4, "fake_pass_4")
     assert job.summary["passes_run"] == 4 and job.summary["verified"] is True
-    artifact = worker.files.artifact_path(job_id, job.artifact_attempt)
-    assert artifact.read_bytes() == b"not really a model" and job.artifact_bytes == len(b"not really a model")
+    artifact = worker.files.storage.read_bytes(worker.files.artifact_key(job_id, job.artifact_attempt), 100)
+    assert artifact == b"not really a model" and job.artifact_bytes == len(b"not really a model")
     assert attempt_dirs(worker, job_id) == ["attempt-1"]
+    wait_for(lambda: not worker.files.attempt_dir(job_id, 1).exists(), 5, "the scratch to be cleared")
 
 
 def test_a_user_error_fails_the_job_at_once_with_its_message_and_field(make_worker):
@@ -115,6 +125,20 @@ def test_an_engine_crash_fails_the_job_naming_the_signal(make_worker):
     job = finished(worker, submit(worker, then="crash"))
     assert (job.state, job.attempt, job.error_type) == (JobState.FAILED, 1, "EngineCrash")
     assert "SIGABRT" in job.error_message
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_every_job_gets_a_fresh_engine_process_forked_warm_or_started_cold(make_worker, warm):
+    worker = make_worker(warm_engines=warm)
+    first, second = (submit(worker, record_process=True) for _ in range(2))
+    records = []
+    for job_id in (first, second):
+        assert finished(worker, job_id).state is JobState.SUCCEEDED
+        records.append(engine_record(worker, job_id, 1, "process"))
+    assert records[0]["pid"] != records[1]["pid"] and os.getpid() not in {r["pid"] for r in records}
+    assert all(r["pgid"] == r["pid"] for r in records)  # each leads its own group, which a kill takes whole
+    # Warm: forked from the fork server, which had imported the engine; cold: a new interpreter of the worker's.
+    assert all(r["engine_loaded"] is warm and (r["ppid"] != os.getpid()) is warm for r in records)
 
 
 def test_the_memory_limit_stops_a_hungry_engine_with_a_clear_error(make_worker):
@@ -151,7 +175,9 @@ def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
     job = finished(worker, job_id)
     assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
     assert "killed by SIGKILL" in job.retry_reason
-    assert attempt_dirs(worker, job_id) == ["attempt-2"]
+    # The other attempts' files go right after the publishing commit (never before: a stale attempt must not
+    # delete the live one's), so they may still be there for a moment when the job reads succeeded.
+    wait_for(lambda: attempt_dirs(worker, job_id) == ["attempt-2"], 5, "the killed attempt's files to go")
 
 
 def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
@@ -178,7 +204,7 @@ def test_stopping_a_worker_gives_its_running_job_back(make_worker):
     assert first.store.get(job_id).state is JobState.QUEUED
     with write_transaction(first.store.engine) as conn:  # let the second run go quickly
         conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
-                     .values(options={"passes": 1}))
+                     .values(spec={"places": "x86/fp32/nchw", "options": {"passes": 1}}))
     second = make_worker()
     job = finished(second, job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2)
@@ -200,21 +226,26 @@ def test_retention_removes_old_finished_jobs_with_their_files(make_worker):
         conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
                      .values(finished_at=worker.store.clock() - timedelta(hours=2)))
     wait_for(lambda: worker.store.get(job_id) is None, 10, "the old job to be purged")
-    wait_for(lambda: not worker.files.job_dir(job_id).exists(), 10, "its files to go")
+    wait_for(lambda: worker.files.storage.children(worker.files.job_prefix(job_id)) == [], 10, "its files to go")
 
 
-def test_leftover_uploads_and_orphan_job_dirs_are_swept(make_worker):
+@pytest.mark.parametrize("backends", ["sqlite+sqlite+local"], indirect=True)  # S3 objects cannot be aged
+def test_abandoned_uploads_orphan_files_and_dead_workers_scratch_are_swept(make_worker):
     worker = make_worker()
-    upload = worker.files.uploads / "dead.part"
-    orphan = worker.files.jobs / "orphan-job"
-    upload.write_bytes(b"half an upload")
-    orphan.mkdir()
-    fresh = worker.files.uploads / "arriving.part"  # an upload in progress right now
-    fresh.write_bytes(b"the first bytes")
-    for path in (upload, orphan):
-        os.utime(path, (time.time() - 7200, time.time() - 7200))
-    assert worker.reaper.run_once(sweep=True).leftovers == 2
-    assert not upload.exists() and not orphan.exists() and fresh.exists()
+    storage, old = worker.files.storage, time.time() - 7200
+    abandoned = storage.writer("jobs/dying-upload/input.onnx")  # an API process died mid-upload
+    abandoned.write(b"half an upload")
+    arriving = storage.writer("jobs/arriving/input.onnx")  # an upload in progress right now
+    arriving.write(b"the first bytes")
+    storage.put_bytes("jobs/orphan-job/input.onnx", b"a model whose row never came")
+    dead_scratch = worker.files.scratch.parent / "host:1:dead"  # a worker killed mid-job
+    (dead_scratch / "some-job" / "attempt-1").mkdir(parents=True)
+    for path in (abandoned.partial, storage.path("jobs/orphan-job/input.onnx"), storage.path("jobs/orphan-job"),
+                 dead_scratch):
+        os.utime(path, (old, old))
+    assert worker.reaper.run_once(sweep=True).leftovers == 3
+    assert not abandoned.partial.exists() and storage.children("jobs/") == ["arriving"] and not dead_scratch.exists()
+    assert arriving.partial.exists() and worker.files.scratch.parent.is_dir()
 
 
 def _expire_lease(store: JobStore, job_id: str) -> None:
@@ -233,3 +264,42 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("backends", ["sqlite+sqlite+local"], indirect=True)  # other jobs' files to reach for
+def test_the_engine_process_reaches_only_its_input_and_its_attempt_directory(make_worker, tmp_path):
+    """Its working directory, HOME and TMPDIR are its attempt's; with Landlock, nothing else of the data dir."""
+    from worker.jobs.sandbox import landlock_version
+
+    worker = make_worker()
+    data, storage = worker.config.data_dir, worker.files.storage
+    other = new_job(worker.files, payload=b"another user's model")
+    worker.store.create(other)  # never queued: its files just sit there
+    secrets_file, outside = data / "secret.txt", tmp_path / "outside.txt"
+    for path in (secrets_file, outside):
+        path.write_bytes(b"secret")
+    job = new_job(worker.files)
+    own_input = str(storage.path(worker.files.input_key(job.id)))
+    other_input = str(storage.path(worker.files.input_key(other.id)))
+    jobs_dir = storage.path("jobs")
+    job.spec.options.update(then="probe", probe_read=[own_input, other_input, str(secrets_file), str(outside)],
+                            probe_write=[str(data / "evil.txt"), str(jobs_dir / job.id / "evil.txt"),
+                                         "relative.txt"],
+                            probe_list=[str(data), str(jobs_dir)])
+    worker.store.create(job)
+    worker.queue.enqueue(job.id)
+    done = finished(worker, job.id)
+    assert done.state is JobState.SUCCEEDED, done.error_message
+    attempt = worker.files.attempt_dir(job.id, 1)
+    found = engine_record(worker, job.id, 1, "probe")
+    assert found["cwd"] == str(attempt) and found["relative"] == str(attempt / "relative.txt")
+    assert found["home"].startswith(str(attempt) + "/") and found["tmpdir"].startswith(str(attempt) + "/")
+    assert found["write"]["relative.txt"] == "ok"
+    assert found["read"][own_input] == "ok" and found["child_read"][own_input] == "ok"
+    if landlock_version() == 0:
+        pytest.skip("this kernel has no Landlock: the engine process is fenced in by its working directory only")
+    for path in (other_input, str(secrets_file), str(outside)):
+        assert found["read"][path] == "PermissionError" and found["child_read"][path] == "PermissionError", path
+    assert set(found["write"].values()) == {"ok", "PermissionError"}
+    assert found["write"][str(data / "evil.txt")] == "PermissionError" and not (data / "evil.txt").exists()
+    assert found["list"] == {str(data): "PermissionError", str(jobs_dir): "PermissionError"}

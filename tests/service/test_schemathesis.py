@@ -19,19 +19,20 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 
 from app.main import create_app
 from app.settings import Settings
-from tests.service.conftest import FAKE_ENGINE
+from tests.service.conftest import FAKE_ENGINE, upgraded_database
 from worker.jobs.consumer import JobWorker
 
 DATA_DIR = Path(tempfile.mkdtemp(prefix="mirserve-schemathesis-"))
 atexit.register(shutil.rmtree, DATA_DIR, True)  # also when these tests are collected but not run
 SETTINGS = Settings(data_dir=DATA_DIR, max_upload_mb=0.25, engine=FAKE_ENGINE, job_memory_mb=1024)
+upgraded_database(SETTINGS.effective_database_url)
 APP = create_app(SETTINGS)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _worker():
-    worker = JobWorker(SETTINGS.job_config)
+    worker = JobWorker(SETTINGS)
     worker.start()
     yield
     worker.stop(timeout=5)

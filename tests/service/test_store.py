@@ -33,7 +33,8 @@ def clock(store):
 def test_created_job_is_queued_with_its_upload_facts(store):
     job = store.create(new_job(opt_level=1))
     assert job.state is JobState.QUEUED and job.attempt == 0
-    assert job.options == {"opt_level": 1} and job.input_filename == "model.onnx"
+    assert job.spec.options == {"opt_level": 1} and job.spec.places == "x86/fp32/nchw"
+    assert job == store.get(job.id) and job.input_filename == "model.onnx"
     assert job.created_at.tzinfo is not None and job.enqueued_at == job.created_at
 
 
@@ -62,9 +63,9 @@ def test_claim_is_won_by_exactly_one_of_many_racing_workers(store):
 
     def race(i):
         barrier.wait()
-        lease = store.claim(job.id, f"worker-{i}", 30)
-        if lease is not None:
-            won.append(lease)
+        claimed = store.claim(job.id, f"worker-{i}", 30)
+        if claimed is not None:
+            won.append(claimed)
 
     threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
     for t in threads:
@@ -72,12 +73,12 @@ def test_claim_is_won_by_exactly_one_of_many_racing_workers(store):
     for t in threads:
         t.join()
     assert len(won) == 1 and won[0].attempt == 1
-    assert store.get(job.id).state is JobState.RUNNING
+    assert won[0] == store.get(job.id) and won[0].state is JobState.RUNNING and won[0].worker_id.startswith("worker-")
 
 
 def test_heartbeat_records_progress_and_reports_cancel(store):
     job = store.create(new_job())
-    lease = store.claim(job.id, "w", 30)
+    lease = store.claim(job.id, "w", 30).lease
     beat = store.heartbeat(lease, 30, (3, 7, "conv_bn_fuse"))
     assert beat.owned and not beat.cancel_requested
     stored = store.get(job.id)
@@ -89,10 +90,10 @@ def test_heartbeat_records_progress_and_reports_cancel(store):
 
 def test_publish_happens_once_and_only_under_the_current_lease(store, clock):
     job = store.create(new_job())
-    first = store.claim(job.id, "w1", 10)
+    first = store.claim(job.id, "w1", 10).lease
     clock.advance(11)
     assert [r.state for r in store.reap_expired()] == [JobState.QUEUED]
-    second = store.claim(job.id, "w2", 10)
+    second = store.claim(job.id, "w2", 10).lease
     assert second.attempt == 2
     assert not store.heartbeat(first, 10).owned
     assert not store.publish(first, artifact_bytes=1, artifact_sha256="a" * 64, summary={})
@@ -105,10 +106,10 @@ def test_publish_happens_once_and_only_under_the_current_lease(store, clock):
 
 def test_retry_requeues_until_attempts_run_out_then_fails_with_the_reason(store):
     job = store.create(new_job(max_attempts=2))
-    lease = store.claim(job.id, "w", 30)
+    lease = store.claim(job.id, "w", 30).lease
     assert store.retry(lease, "the engine process was killed by SIGKILL") is JobState.QUEUED
     assert store.get(job.id).retry_reason == "attempt 1: the engine process was killed by SIGKILL"
-    lease = store.claim(job.id, "w", 30)
+    lease = store.claim(job.id, "w", 30).lease
     assert store.retry(lease, "the engine process was killed by SIGKILL") is JobState.FAILED
     failed = store.get(job.id)
     assert failed.state is JobState.FAILED and failed.error_type == "AttemptsExhausted"
@@ -117,7 +118,7 @@ def test_retry_requeues_until_attempts_run_out_then_fails_with_the_reason(store)
 
 def test_reaper_leaves_a_renewed_lease_alone(store, clock):
     job = store.create(new_job())
-    lease = store.claim(job.id, "w", 10)
+    lease = store.claim(job.id, "w", 10).lease
     clock.advance(5)
     store.heartbeat(lease, 10)
     clock.advance(8)  # 13 s after the claim, 8 s after the renewal

@@ -1,14 +1,17 @@
 """The process that runs the engine on one uploaded model, and nothing else.
 
 An uploaded model is untrusted: onnx says resource exhaustion is outside its scope and its checker is best
-effort, and the parser has had memory-safety bugs. So the engine runs here, in a child of the runner, with an
-address-space limit, a lower CPU priority than the API, no core dumps, and death with its parent. It has no
-database access; it speaks to the runner through two channels only:
+effort, and the parser has had memory-safety bugs. So the engine runs here, in a process of its own for each
+job, forked from a fork server that has already imported the engine (``worker.jobs.engine_process``), with an
+address-space limit, a lower CPU priority than the API, no core dumps, its own process group (killed whole
+on cancel or timeout), its attempt directory as working directory and HOME, and, where the kernel has
+Landlock, nothing else of the file system within reach (``worker.jobs.sandbox``). It has no database access
+and speaks to the runner through its three channels only:
 
-- progress, one JSON line per pass on the original stdout (``{"index": i, "total": n, "pass": name}``);
-- its verdict, ``result.json`` in the attempt directory, written atomically just before it exits.
-
-Run as ``python -m worker.jobs.child`` with the job spec as JSON on stdin.
+- progress, one JSON message per pass (``{"index": i, "total": n, "pass": name}``) on the progress pipe;
+- its verdict, ``result.json`` in the attempt directory, written atomically just before it exits;
+- the lifeline, a pipe only the runner's process writes to: when it closes (the worker died, however) the
+  engine process kills its whole group at once, so no engine outlives its lease.
 """
 from __future__ import annotations
 
@@ -16,14 +19,17 @@ import importlib
 import json
 import os
 import resource
+import signal
 import sys
+import tempfile
+import threading
 import traceback
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from worker.process import die_with_parent
+from worker.jobs import sandbox
 
-SPEC_LIMIT = 1 << 20
 #: Exit codes the runner understands; anything else (or a signal) means the process died.
 EXIT_OK, EXIT_JOB_FAILED = 0, 1
 #: How allocation failures read in the messages of numpy, onnxruntime and the C++ runtime.
@@ -31,16 +37,21 @@ ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "BFCArena::AllocateRaw
                        "MemoryError", "Unable to allocate")
 
 
-def main() -> int:
-    spec = json.loads(sys.stdin.buffer.read(SPEC_LIMIT))
-    _die_with_parent(spec["parent_pid"])
-    _apply_limits(spec["memory_bytes"], spec.get("nice", 0))
-    progress_stream = _take_stdout()
+def run(spec: dict[str, Any], progress_pipe: Connection, lifeline: Connection) -> None:
+    """The engine process's whole life (a ``multiprocessing`` target); it ends in ``os._exit``."""
+    os.setsid()  # a process group of its own: the runner kills it and whatever it started at once
     attempt_dir = Path(spec["attempt_dir"])
+    _log_to(attempt_dir / "engine.log")
+    _apply_limits(spec["memory_bytes"], spec.get("nice", 0))
+    os.chdir(attempt_dir)
+    os.environ.update(sandbox.private_environment({}, attempt_dir))
+    tempfile.tempdir = None  # computed again from TMPDIR, should the fork server have asked already
+    print(sandbox.restrict(model=Path(spec["model"]), attempt_dir=attempt_dir, hidden=Path(spec["data_dir"]),
+                           extra_read=_plugin_paths()), file=sys.stderr, flush=True)
+    _watch_lifeline(lifeline)
 
     def progress(index: int, total: int, pass_name: str) -> None:
-        progress_stream.write(json.dumps({"index": index, "total": total, "pass": str(pass_name)}) + "\n")
-        progress_stream.flush()
+        progress_pipe.send_bytes(json.dumps({"index": index, "total": total, "pass": str(pass_name)}).encode())
 
     try:
         engine = load_engine(spec["engine"])
@@ -52,7 +63,8 @@ def main() -> int:
         verdict = {"ok": False, "error": describe_error(error, spec["memory_bytes"])}
     _write_json(attempt_dir / "result.json", verdict)
     sys.stdout.flush()
-    return EXIT_OK if verdict["ok"] else EXIT_JOB_FAILED
+    sys.stderr.flush()
+    os._exit(EXIT_OK if verdict["ok"] else EXIT_JOB_FAILED)  # no interpreter teardown: runtimes may hang in it
 
 
 def load_engine(reference: str) -> Callable[..., dict]:
@@ -65,7 +77,7 @@ def load_engine(reference: str) -> Callable[..., dict]:
 
 def describe_error(error: BaseException, memory_bytes: int) -> dict[str, Any]:
     """The stored form of a failure: user errors keep their message and field; the rest are explained."""
-    from worker.errors import MirserveError
+    from worker.engine.errors import MirserveError
 
     if memory_bytes > 0 and (isinstance(error, MemoryError) or any(m in str(error) for m in ALLOCATION_FAILURES)):
         # Under RLIMIT_AS an allocation failure surfaces wherever it happens: numpy, onnxruntime's arena, or a
@@ -80,10 +92,12 @@ def describe_error(error: BaseException, memory_bytes: int) -> dict[str, Any]:
             "message": f"the engine failed unexpectedly ({type(error).__name__}: {error})"}
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Be killed when the runner dies, so no engine process outlives its lease."""
-    if not die_with_parent(parent_pid):  # the parent died before the request took effect
-        os._exit(EXIT_JOB_FAILED)
+def _log_to(path: Path) -> None:
+    """Whatever the engine and the libraries under it print goes to the attempt's log."""
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
 
 
 def _apply_limits(memory_bytes: int, nice: int) -> None:
@@ -91,21 +105,31 @@ def _apply_limits(memory_bytes: int, nice: int) -> None:
     if memory_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     if nice > 0:
-        os.nice(nice)
+        os.nice(nice)  # per thread on Linux: before any thread starts, so that all inherit it
 
 
-def _take_stdout():
-    """Keep the real stdout for the progress protocol; anything the engine prints goes to the log instead."""
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    return protocol
+def _watch_lifeline(lifeline: Connection) -> None:
+    """Kill this process group when the runner's end of the lifeline closes (the runner never writes)."""
+
+    def watch() -> None:
+        try:
+            lifeline.recv_bytes(1)
+        except (EOFError, OSError):
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
+def _plugin_paths() -> list[str]:
+    """Plugin files and directories the operator configured: the engine process loads them, so it reads them."""
+    found = []
+    for variable in ("MIRSERVE_PLUGIN_PATH", "MIRSERVE_PLUGIN_FILES"):
+        found.extend(p for p in os.environ.get(variable, "").split(os.pathsep) if p)
+    return found
 
 
 def _write_json(path: Path, data: Any) -> None:
     temporary = path.with_suffix(path.suffix + ".tmp")
     temporary.write_text(json.dumps(data), encoding="utf-8")
     os.replace(temporary, path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,15 +9,18 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import threading
 
 from huey.consumer import Consumer
 
-from worker.jobs.config import JobConfig
+from worker.jobs.config import JobSettings
+from worker.jobs import engine_process
 from worker.jobs.files import JobFiles
-from worker.jobs.queue import JobQueue, build_huey
+from worker.jobs.storage import open_storage
+from worker.jobs.queue import JobQueue
 from worker.jobs.reaper import Reaper
 from worker.jobs.runner import JobRunner
 from worker.jobs.store import JobStore
@@ -33,25 +36,31 @@ class _EmbeddedConsumer(Consumer):
 
 
 class JobWorker:
-    def __init__(self, config: JobConfig, *, store: JobStore | None = None, huey=None):
+    def __init__(self, config: JobSettings, *, store: JobStore | None = None, huey=None):
         self.config = config
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.store = store or JobStore(config.database_url)
-        self.store.create_schema()
-        self.files = JobFiles(config.data_dir)
-        self.files.ensure()
-        self.queue = JobQueue(huey or build_huey(config))
+        self.store = store or JobStore(config.effective_database_url)
+        self.store.check_schema()
+        self.files = JobFiles(open_storage(config.storage_url, config.data_dir),
+                              scratch=config.scratch_root / self.id)
+        self.queue = JobQueue(huey) if huey is not None else JobQueue.connect(config)
         self.runner = JobRunner(self.store, self.files, config, self.id, enqueue=self.queue.enqueue)
         self.queue.handler = self.runner.run
         self.reaper = Reaper(self.store, self.files, self.queue, config)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._consumer: Consumer | None = None
+        self.notifier = None
+        if config.callback_hosts and config.callback_secret is not None:
+            from worker.jobs.callbacks import Notifier
+
+            self.notifier = Notifier(self.store, config.callback_secret.get_secret_value())
 
     def start(self) -> None:
+        engine_process.prepare(self.config.engine, warm=self.config.warm_engines)
         self._beat()
         self._consumer = _EmbeddedConsumer(
-            self.queue.huey, workers=self.config.concurrency, periodic=False, initial_delay=0.05,
+            self.queue.huey, workers=self.config.worker_concurrency, periodic=False, initial_delay=0.05,
             backoff=1.5, max_delay=self.config.poll_seconds * 4, check_worker_health=True)
         self._consumer.start()
         for name, interval, step in (("heartbeat", self.config.heartbeat_seconds, self._beat),
@@ -59,7 +68,9 @@ class JobWorker:
             thread = threading.Thread(target=self._every, args=(interval, step), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("worker %s started: %d job thread(s), %s queue", self.id, self.config.concurrency,
+        if self.notifier is not None:
+            self.notifier.start()
+        log.info("worker %s started: %d job thread(s), %s queue", self.id, self.config.worker_concurrency,
                  self.queue.backend)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -73,10 +84,14 @@ class JobWorker:
             self._consumer.stop(graceful=True)
         for thread in self._threads:
             thread.join(timeout)
+        if self.notifier is not None:
+            self.notifier.stop(timeout)
         try:
             self.store.worker_gone(self.id)
         except Exception:  # noqa: BLE001 - the database may be what is going away
             log.exception("could not remove worker %s from the worker table", self.id)
+        shutil.rmtree(self.files.scratch, ignore_errors=True)
+        self.files.storage.close()
         log.info("worker %s stopped", self.id)
 
     def run(self) -> None:
@@ -97,7 +112,7 @@ class JobWorker:
 
     def _beat(self) -> None:
         self.store.worker_beat(self.id, hostname=socket.gethostname(), pid=os.getpid(),
-                               concurrency=self.config.concurrency, running=self.runner.running)
+                               concurrency=self.config.worker_concurrency, running=self.runner.running)
 
     def _reap(self) -> None:
         report = self.reaper.run_once()

@@ -1,7 +1,7 @@
-"""The one function the job child calls: the engine's public entry point, fed from a job's stored options.
+"""The one function the job child calls: the engine's public entry point, fed from a job's spec.
 
-Jobs store their options as the JSON dict the API validated; this adapter turns it back into
-``OptimizeOptions``. Tests of the job machinery swap this reference (``JobConfig.engine``) for a small
+Jobs store their spec as the JSON the API validated; this adapter turns it back into ``OptimizeOptions``.
+Tests of the job machinery swap this reference (``MIRSERVE_ENGINE``, ``JobSettings.engine``) for a small
 function with the same signature; everything else about a job (child process, limits, lease, publish) stays.
 """
 from __future__ import annotations
@@ -11,6 +11,6 @@ from typing import Any, Callable, Mapping
 
 def run_optimize(model_path: str, output_path: str, options: Mapping[str, Any],
                  progress: Callable[[int, int, str], None]) -> dict:
-    from worker.api import OptimizeOptions, optimize
+    from worker.engine.api import OptimizeOptions, optimize
 
     return optimize(model_path, output_path, OptimizeOptions.from_dict(options), progress=progress)

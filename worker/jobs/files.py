@@ -1,95 +1,101 @@
-"""Where a job's files live under the data directory, and the few operations on them.
+"""Where a job's files live: keys in the store (``worker.jobs.storage``), and a worker's scratch directory.
 
-    <data_dir>/uploads/<random>.part           an upload being received (renamed into its job when complete)
-    <data_dir>/jobs/<id>/input.onnx            the uploaded model, never parsed by the API process
-    <data_dir>/jobs/<id>/attempt-<n>/          everything one attempt writes: model.onnx, report.json,
-                                               result.json (the child's verdict), engine.log
+In the store (under the data directory, or the bucket's prefix):
 
-An attempt only ever writes inside its own directory; the job row names the attempt whose outputs were
-published, so publishing is a database commit and never a file move that could happen twice.
+    jobs/<id>/input.onnx                 the uploaded model, never parsed by the API process
+    jobs/<id>/attempt-<n>/model.onnx     the optimized model of attempt n (model.onnx.data beside it when the
+                                         weights are external), published by one database commit
+    jobs/<id>/attempt-<n>/report.json    its report, as published (it names no server path)
+    jobs/<id>/attempt-<n>/engine.log     the end of what its engine process printed
+    jobs/<id>/attempt-<n>/graph.svg      the picture of its graph, drawn when first asked for
+    jobs/<id>/attempt-0/...              a cached job's own copy of its source's model and report
+
+On the worker's disk, never shared (``MIRSERVE_SCRATCH_DIR``, default ``<data dir>/scratch``):
+
+    <scratch>/<worker id>/<id>/attempt-<n>/   where the engine process works: its output, result.json (its
+                                              verdict), engine.log, its HOME and TMPDIR
+
+An attempt writes only its own keys; the job row names the attempt whose outputs were published, so
+publishing is a database commit and never a move that could happen twice.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import time
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
+
+from worker.jobs.storage import Storage
 
 CHUNK = 1 << 20
+#: A cached job's artifact is a copy made without running an attempt.
+CACHED_ATTEMPT = 0
 
 
 class JobFiles:
-    def __init__(self, data_dir: Path | str):
-        self.root = Path(data_dir)
-        self.jobs = self.root / "jobs"
-        self.uploads = self.root / "uploads"
+    def __init__(self, storage: Storage, scratch: Path | None = None):
+        self.storage = storage
+        #: This worker's scratch directory (None in an API process).
+        self.scratch = scratch
 
-    def ensure(self) -> None:
-        self.jobs.mkdir(parents=True, exist_ok=True)
-        self.uploads.mkdir(parents=True, exist_ok=True)
-
-    def job_dir(self, job_id: str) -> Path:
+    @staticmethod
+    def job_prefix(job_id: str) -> str:
         if not job_id or "/" in job_id or job_id.startswith("."):
             raise ValueError(f"bad job id {job_id!r}")
-        return self.jobs / job_id
+        return f"jobs/{job_id}/"
 
-    def input_path(self, job_id: str) -> Path:
-        return self.job_dir(job_id) / "input.onnx"
+    def input_key(self, job_id: str) -> str:
+        return self.job_prefix(job_id) + "input.onnx"
 
-    def attempt_dir(self, job_id: str, attempt: int) -> Path:
-        return self.job_dir(job_id) / f"attempt-{attempt}"
+    def attempt_prefix(self, job_id: str, attempt: int) -> str:
+        return self.job_prefix(job_id) + f"attempt-{attempt}/"
 
-    def artifact_path(self, job_id: str, attempt: int) -> Path:
-        return self.attempt_dir(job_id, attempt) / "model.onnx"
+    def artifact_key(self, job_id: str, attempt: int) -> str:
+        return self.attempt_prefix(job_id, attempt) + "model.onnx"
 
-    def artifact_data_path(self, job_id: str, attempt: int) -> Path:
+    def artifact_data_key(self, job_id: str, attempt: int) -> str:
         """The external weights the engine writes beside a model too big for one protobuf (over 2 GB)."""
-        return self.artifact_path(job_id, attempt).with_name("model.onnx.data")
+        return self.artifact_key(job_id, attempt) + ".data"
 
-    def report_path(self, job_id: str, attempt: int) -> Path:
-        return self.attempt_dir(job_id, attempt) / "report.json"
+    def report_key(self, job_id: str, attempt: int) -> str:
+        return self.attempt_prefix(job_id, attempt) + "report.json"
 
-    def adopt_upload(self, upload: Path, job_id: str) -> Path:
-        """Move a completed upload into its job directory (same file system: an atomic rename)."""
-        target = self.input_path(job_id)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(upload, target)
-        return target
+    def log_key(self, job_id: str, attempt: int) -> str:
+        return self.attempt_prefix(job_id, attempt) + "engine.log"
 
-    def new_attempt_dir(self, job_id: str, attempt: int) -> Path:
-        """A fresh, empty directory for one attempt (a leftover from a crashed run is cleared)."""
-        path = self.attempt_dir(job_id, attempt)
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir(parents=True)
-        return path
-
-    def remove_attempts_except(self, job_id: str, keep: int | None) -> None:
-        job_dir = self.job_dir(job_id)
-        if not job_dir.is_dir():
-            return
-        for entry in job_dir.iterdir():
-            if entry.name.startswith("attempt-") and entry.name != f"attempt-{keep}":
-                shutil.rmtree(entry, ignore_errors=True)
+    def graph_key(self, job_id: str, attempt: int) -> str:
+        """The picture of the published graph, drawn by the API on first request."""
+        return self.attempt_prefix(job_id, attempt) + "graph.svg"
 
     def remove_job(self, job_id: str) -> None:
-        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+        self.storage.delete_prefix(self.job_prefix(job_id))
 
-    def job_ids_on_disk(self) -> list[str]:
-        return [p.name for p in self.jobs.iterdir() if p.is_dir()] if self.jobs.is_dir() else []
+    def remove_attempts_except(self, job_id: str, keep: int | None) -> None:
+        for name in self.storage.children(self.job_prefix(job_id)):
+            if name.startswith("attempt-") and name != f"attempt-{keep}":
+                self.storage.delete_prefix(f"{self.job_prefix(job_id)}{name}/")
 
-    def stale_uploads(self, older_than_seconds: float) -> Iterator[Path]:
-        """Partial uploads an API process left behind when it died mid-request."""
-        if not self.uploads.is_dir():
-            return
-        cutoff = time.time() - older_than_seconds
-        for entry in self.uploads.iterdir():
-            try:
-                if entry.stat().st_mtime < cutoff:
-                    yield entry
-            except FileNotFoundError:
-                continue
+    def job_ids(self) -> list[str]:
+        return self.storage.children("jobs/")
+
+    def attempt_dir(self, job_id: str, attempt: int) -> Path:
+        """The attempt's directory in this worker's scratch."""
+        if self.scratch is None:
+            raise RuntimeError("an API process has no scratch directory")
+        self.job_prefix(job_id)  # checks the id
+        return self.scratch / job_id / f"attempt-{attempt}"
+
+
+def artifact_name(input_filename: str) -> str:
+    """The optimized model's download name: the upload's name with ``.opt.onnx`` for its extension."""
+    return f"{input_filename.rsplit('.', 1)[0] or 'model'}.opt.onnx"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` so that a reader sees the old file or the whole new one, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
 
 
 def sha256_of(path: Path) -> tuple[str, int]:
@@ -109,3 +115,13 @@ def read_bounded(stream: BinaryIO, limit: int) -> bytes:
     if len(data) > limit:
         raise ValueError(f"file is larger than {limit} bytes")
     return data
+
+
+def tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of a file (all of a shorter one; nothing of a missing one)."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(max(0, os.fstat(stream.fileno()).st_size - limit))
+            return stream.read(limit)
+    except FileNotFoundError:
+        return b""

@@ -16,7 +16,7 @@ from huey.registry import Message
 from huey.serializer import Serializer
 from huey.storage import SqliteStorage
 
-from worker.jobs.config import JobConfig
+from worker.jobs.config import JobSettings
 
 TASK_NAME = "run_job"
 
@@ -43,7 +43,7 @@ class WalSqliteStorage(SqliteStorage):
         return conn
 
 
-def build_huey(config: JobConfig) -> Huey:
+def build_huey(config: JobSettings) -> Huey:
     common = dict(name=config.queue_name, results=False, utc=True, serializer=JsonMessageSerializer())
     if config.redis_url:
         return RedisHuey(url=config.redis_url, blocking=True, read_timeout=1, **common)
@@ -59,6 +59,11 @@ class JobQueue:
         self.huey = huey
         self.handler = handler
         self._task = huey.task(name=TASK_NAME, retries=0)(self._run)
+
+    @classmethod
+    def connect(cls, settings: JobSettings) -> "JobQueue":
+        """The queue the settings name (Redis, or SQLite in the data directory)."""
+        return cls(build_huey(settings))
 
     @property
     def backend(self) -> str:

@@ -7,16 +7,18 @@ Every worker runs one; each step is a conditional update, so several reapers nev
 - lost messages: a job queued for longer than ``requeue_after_seconds`` gets a fresh message (a duplicate is
   harmless: only one claim can win);
 - retention: finished jobs older than ``retention_hours`` are deleted with their files;
-- leftovers: partial uploads and job directories without a row, from processes that died mid-write.
+- leftovers, from processes that died mid-write: abandoned uploads, stored files of jobs without a row, and
+  the scratch directories of workers that are gone.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from worker.jobs.config import JobConfig
+from worker.jobs.config import JobSettings
 from worker.jobs.files import JobFiles
 from worker.jobs.queue import JobQueue
 from worker.jobs.store import JobState, JobStore
@@ -40,7 +42,7 @@ class ReapReport:
 
 
 class Reaper:
-    def __init__(self, store: JobStore, files: JobFiles, queue: JobQueue, config: JobConfig):
+    def __init__(self, store: JobStore, files: JobFiles, queue: JobQueue, config: JobSettings):
         self.store = store
         self.files = files
         self.queue = queue
@@ -71,7 +73,8 @@ class Reaper:
                 report.canceled.append(reaped.job_id)
             else:
                 report.failed.append(reaped.job_id)
-            log.warning("job %s: attempt %d lost its worker; now %s", reaped.job_id, reaped.attempt, reaped.state)
+            log.warning("attempt lost its worker", extra={"job_id": reaped.job_id, "attempt": reaped.attempt,
+                                                          "status": str(getattr(reaped.state, "value", reaped.state))})
 
     def _purge_old(self, report: ReapReport) -> None:
         cutoff = self.store.clock() - timedelta(hours=self.config.retention_hours)
@@ -81,20 +84,36 @@ class Reaper:
                 report.purged.append(job_id)
 
     def _sweep_leftovers(self) -> int:
-        removed = 0
-        for upload in list(self.files.stale_uploads(LEFTOVER_AGE_SECONDS)):
-            upload.unlink(missing_ok=True)
-            removed += 1
-        on_disk = self.files.job_ids_on_disk()
-        known = self.store.existing_ids(on_disk)
-        for job_id in on_disk:
-            if job_id not in known and self._older_than(job_id, LEFTOVER_AGE_SECONDS):
+        removed = self.files.storage.sweep_partial(LEFTOVER_AGE_SECONDS)
+        stored = self.files.job_ids()
+        known = self.store.existing_ids(stored)
+        for job_id in stored:
+            if job_id not in known and self._untouched(job_id, LEFTOVER_AGE_SECONDS):
                 self.files.remove_job(job_id)
                 removed += 1
-        return removed
+        return removed + self._sweep_scratch()
 
-    def _older_than(self, job_id: str, seconds: float) -> bool:
+    def _untouched(self, job_id: str, seconds: float) -> bool:
+        """Nothing of the job was written for that long (an upload still arriving has no row yet)."""
         try:
-            return self.files.job_dir(job_id).stat().st_mtime < time.time() - seconds
-        except (FileNotFoundError, ValueError):
-            return False
+            newest = self.files.storage.newest_change(self.files.job_prefix(job_id))
+        except ValueError:  # not a job id we would have made
+            return True
+        return newest is None or newest < time.time() - seconds
+
+    def _sweep_scratch(self) -> int:
+        """Scratch directories of workers that stopped heartbeating long ago (killed: they could not clean)."""
+        own = self.files.scratch
+        if own is None or not own.parent.is_dir():
+            return 0
+        live = {w["id"] for w in self.store.live_workers(self.config.lease_seconds)}
+        removed = 0
+        for entry in own.parent.iterdir():
+            try:
+                stale = entry.stat().st_mtime < time.time() - LEFTOVER_AGE_SECONDS
+            except FileNotFoundError:
+                continue
+            if entry != own and entry.name not in live and stale:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed += 1
+        return removed

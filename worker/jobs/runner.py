@@ -13,6 +13,7 @@ While the child runs, the runner is the only writer for the job: it records prog
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -24,16 +25,19 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from worker.jobs.config import JobConfig
-from worker.jobs.files import JobFiles, read_bounded, sha256_of
-from worker.jobs.process import ChildSpec, EngineProcess, describe_exit
-from worker.jobs.store import JobState, JobStore, Lease
-from worker.jobs.summary import summarize
+from worker.jobs.config import JobSettings
+from worker.jobs.engine_process import ChildSpec, EngineProcess, describe_exit
+from worker.jobs.files import JobFiles, artifact_name, read_bounded, sha256_of, tail
+from worker.jobs.report import PathNames, Report, ReportError
+from worker.jobs.storage import ObjectMissing
+from worker.jobs.store import Job, JobState, JobStore, Lease
 
 log = logging.getLogger("mirserve.runner")
 
 RESULT_LIMIT = 1 << 20
 REPORT_LIMIT = 64 << 20
+#: How much of the end of an engine log is kept with a published attempt.
+LOG_LIMIT = 1 << 20
 PROGRESS_INTERVAL = 0.1
 #: Signals that mean "stopped from outside" rather than "crashed": the attempt is retried.
 EXTERNAL_SIGNALS = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -50,7 +54,7 @@ class Stop(enum.Enum):
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, files: JobFiles, config: JobConfig, worker_id: str,
+    def __init__(self, store: JobStore, files: JobFiles, config: JobSettings, worker_id: str,
                  enqueue: Callable[[str], None]):
         self.store = store
         self.files = files
@@ -60,6 +64,7 @@ class JobRunner:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._active: dict[str, EngineProcess] = {}
+        self._last_pass: dict[str, str] = {}  # the pass each running job reported last, for the logs
 
     @property
     def running(self) -> int:
@@ -75,37 +80,69 @@ class JobRunner:
         if self._stopping.is_set():
             self.enqueue(job_id)  # this worker is going away; leave the job to another
             return None
-        lease = self.store.claim(job_id, self.worker_id, self.config.lease_seconds)
-        if lease is None:
+        job = self.store.claim(job_id, self.worker_id, self.config.lease_seconds)
+        if job is None:
             return None  # canceled, deleted or taken since this message was sent
-        log.info("job %s: attempt %d started", job_id, lease.attempt)
-        input_path = self.files.input_path(job_id)
-        if not input_path.is_file():
-            self.store.fail(lease, "ModelError", "the uploaded model is missing from storage", "model")
-            return JobState.FAILED
-        attempt_dir = self.files.new_attempt_dir(job_id, lease.attempt)
-        job = self.store.get(job_id)
-        spec = ChildSpec(engine=self.config.engine, model=str(input_path), attempt_dir=str(attempt_dir),
-                         options=dict(job.options, places=job.places),
-                         memory_bytes=self.config.job_memory_mb << 20, nice=self.config.job_nice,
-                         parent_pid=os.getpid())
-        process = EngineProcess(spec, attempt_dir / "engine.log")
+        lease = job.lease
+        log.info("attempt started", extra={"job_id": job_id, "attempt": lease.attempt})
+        attempt_dir = self.files.attempt_dir(job_id, lease.attempt)
+        shutil.rmtree(attempt_dir, ignore_errors=True)  # a leftover of a crashed run
+        attempt_dir.mkdir(parents=True)
+        try:
+            return self._run_attempt(job, lease, attempt_dir)
+        finally:
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                attempt_dir.parent.rmdir()  # the job's scratch directory, once no attempt of it is left
+
+    def _run_attempt(self, job: Job, lease: Lease, attempt_dir: Path) -> JobState | None:
+        started = time.monotonic()
+        try:
+            model = self._input(job, attempt_dir)
+        except ObjectMissing:
+            failed = self._fail(lease, "ModelError", "the uploaded model is missing from storage", "model")
+            return JobState.FAILED if failed else None
+        spec = ChildSpec(engine=self.config.engine, model=str(model), attempt_dir=str(attempt_dir),
+                         options=job.spec.engine_options(), memory_bytes=self.config.job_memory_mb << 20,
+                         nice=self.config.job_nice, data_dir=str(self.config.data_dir))
+        process = EngineProcess(spec, warm=self.config.warm_engines)
         with self._lock:
-            self._active[job_id] = process
+            self._active[job.id] = process
         try:
             self.store.set_child(lease, process.pid)
             stop = self._supervise(lease, process)
-            # Error messages name files; the user knows the upload by its own name, not our paths.
-            redact = {str(input_path): job.input_filename, str(attempt_dir / "model.onnx"): "the optimized model"}
-            state = self._settle(lease, stop, process, attempt_dir, redact)
+            state = self._settle(lease, stop, process, attempt_dir, self._path_names(job, model, attempt_dir))
         finally:
             with self._lock:
-                self._active.pop(job_id, None)
+                self._active.pop(job.id, None)
             if process.poll() is None:
                 process.kill()
             process.close()
-        log.info("job %s: attempt %d ended: %s", job_id, lease.attempt, state or "lease lost")
+        log.info("attempt ended", extra={"job_id": job.id, "attempt": lease.attempt,
+                                         "status": state.value if state else "lease lost",
+                                         "seconds": round(time.monotonic() - started, 3)})
+        self._last_pass.pop(job.id, None)
         return state
+
+    def _input(self, job: Job, attempt_dir: Path) -> Path:
+        """The uploaded model as a local file: in place in a local store, else copied into the scratch."""
+        key = self.files.input_key(job.id)
+        local = self.files.storage.local_path(key)
+        if local is not None:
+            if not local.is_file():
+                raise ObjectMissing(key)
+            return local
+        copy = attempt_dir / "input.onnx"
+        self.files.storage.get_file(key, copy)
+        return copy
+
+    def _path_names(self, job: Job, model: Path, attempt_dir: Path) -> PathNames:
+        """What the user calls the files the engine process was given: its report and errors use these."""
+        return PathNames({model: job.input_filename,
+                          attempt_dir / "model.onnx": artifact_name(job.input_filename),
+                          attempt_dir / "model.onnx.data": "model.onnx.data",
+                          f"{attempt_dir}{os.sep}": "", attempt_dir: ".",
+                          self.config.data_dir: "<data dir>"})
 
     def _supervise(self, lease: Lease, process: EngineProcess) -> Stop:
         config = self.config
@@ -117,6 +154,7 @@ class JobRunner:
             reports = process.read_progress(config.poll_seconds)
             if reports:
                 pending = reports[-1]
+                self._last_pass[lease.job_id] = pending[2]  # (index, total, pass)
             exited = process.poll() is not None
             if exited:
                 reports = process.read_progress(0)
@@ -140,7 +178,7 @@ class JobRunner:
                 return Stop.SHUTDOWN
 
     def _settle(self, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
-                redact: dict[str, str]) -> JobState | None:
+                names: PathNames) -> JobState | None:
         if stop is not Stop.EXITED:
             process.kill()
         if stop is Stop.LEASE_LOST:
@@ -151,44 +189,64 @@ class JobRunner:
         if stop is Stop.TIMED_OUT:
             limit = self.config.job_time_limit_seconds
             message = f"the optimization took longer than the job time limit of {limit:g} s"
-            return JobState.FAILED if self.store.fail(lease, "TimeLimitError", message) else None
+            return JobState.FAILED if self._fail(lease, "TimeLimitError", message) else None
         if stop is Stop.SHUTDOWN:
             return self._retry(lease, "the worker running it shut down")
-        return self._settle_exit(lease, process.wait(), attempt_dir, redact)
+        return self._settle_exit(lease, process.wait(), attempt_dir, names)
 
-    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path,
-                     redact: dict[str, str]) -> JobState | None:
+    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path, names: PathNames) -> JobState | None:
         verdict = _read_json(attempt_dir / "result.json", RESULT_LIMIT)
-        if verdict is not None and verdict.get("ok") and returncode == 0:
-            return self._publish(lease, attempt_dir)
-        if verdict is not None and not verdict.get("ok"):
-            error = verdict.get("error") or {}
-            message = str(error.get("message") or "the engine failed without a message")
-            for path, name in redact.items():
-                message = message.replace(path, name)
-            failed = self.store.fail(lease, str(error.get("type") or "InternalError"), message, error.get("field"))
+        if isinstance(verdict, dict) and verdict.get("ok") and returncode == 0:
+            return self._publish(lease, attempt_dir, names)
+        if isinstance(verdict, dict) and not verdict.get("ok"):
+            error = verdict.get("error") if isinstance(verdict.get("error"), dict) else {}
+            message = names.text(str(error.get("message") or "the engine failed without a message"))
+            failed = self._fail(lease, str(error.get("type") or "InternalError"), message, error.get("field"))
             return JobState.FAILED if failed else None
         how = describe_exit(returncode)
         if returncode < 0 and -returncode in EXTERNAL_SIGNALS:
             return self._retry(lease, f"the engine process was {how}")
         message = (f"the engine process crashed ({how}) before finishing; the model may be malformed or "
                    f"need more than the job memory limit of {self.config.job_memory_mb} MiB")
-        return JobState.FAILED if self.store.fail(lease, "EngineCrash", message) else None
+        return JobState.FAILED if self._fail(lease, "EngineCrash", message) else None
 
-    def _publish(self, lease: Lease, attempt_dir: Path) -> JobState | None:
+    def _publish(self, lease: Lease, attempt_dir: Path, names: PathNames) -> JobState | None:
         artifact = attempt_dir / "model.onnx"
-        report = _read_json(attempt_dir / "report.json", REPORT_LIMIT)
-        if not artifact.is_file() or report is None:
-            message = "the engine reported success but wrote no model or no readable report"
-            return JobState.FAILED if self.store.fail(lease, "InternalError", message) else None
+        try:
+            report = Report.from_engine(_read_json(attempt_dir / "report.json", REPORT_LIMIT), names)
+        except ReportError as error:
+            message = f"the engine reported success but wrote no usable report ({error})"
+            return JobState.FAILED if self._fail(lease, "InternalError", message) else None
+        if not artifact.is_file():
+            message = "the engine reported success but wrote no model"
+            return JobState.FAILED if self._fail(lease, "InternalError", message) else None
         digest, size = sha256_of(artifact)
-        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=summarize(report)):
-            shutil.rmtree(attempt_dir, ignore_errors=True)
+        job_id, attempt, storage = lease.job_id, lease.attempt, self.files.storage
+        # Outputs first, under this attempt's own keys; the commit below is what makes them the job's.
+        storage.put_bytes(self.files.report_key(job_id, attempt), report.to_json())  # only the published form
+        storage.put_bytes(self.files.log_key(job_id, attempt), tail(attempt_dir / "engine.log", LOG_LIMIT))
+        if (attempt_dir / "model.onnx.data").is_file():
+            storage.put_file(self.files.artifact_data_key(job_id, attempt), attempt_dir / "model.onnx.data")
+        storage.put_file(self.files.artifact_key(job_id, attempt), artifact)
+        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=report.summary()):
+            storage.delete_prefix(self.files.attempt_prefix(job_id, attempt))
             return None
-        self.files.remove_attempts_except(lease.job_id, keep=lease.attempt)
+        self.files.remove_attempts_except(job_id, keep=attempt)
         return JobState.SUCCEEDED
 
+    def _fail(self, lease: Lease, error_type: str, message: str, field: str | None = None) -> bool:
+        """Fail the job (if the attempt still owns it) and log why, with the pass it was in."""
+        failed = self.store.fail(lease, error_type, message, field)
+        if failed:
+            log.warning("job failed", extra={"job_id": lease.job_id, "attempt": lease.attempt,
+                                             "error_type": error_type, "reason": message, "field": field,
+                                             "pass": self._last_pass.get(lease.job_id)})
+        return failed
+
     def _retry(self, lease: Lease, reason: str) -> JobState | None:
+        log.warning("attempt given back to the queue", extra={"job_id": lease.job_id, "attempt": lease.attempt,
+                                                              "reason": reason,
+                                                              "pass": self._last_pass.get(lease.job_id)})
         state = self.store.retry(lease, reason)
         if state is JobState.QUEUED:
             self.enqueue(lease.job_id)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable
 
-from sqlalchemy import (JSON, BigInteger, Boolean, Column, Integer, MetaData, String, Table, Text, and_, delete,
-                        func, insert, select, text, true, update)
+from sqlalchemy import (JSON, BigInteger, Boolean, Column, ForeignKey, Integer, MetaData, String, Table, Text, and_,
+                        delete, func, insert, select, text, true, update)
 from sqlalchemy.exc import IntegrityError
 
 from worker.jobs.db import UTCDateTime, create_db_engine, read_transaction, utcnow, write_transaction
+from worker.jobs.spec import JobSpec
 
 
 class JobState(str, enum.Enum):
@@ -62,8 +63,7 @@ jobs_table = Table(
     Column("input_filename", String(255), nullable=False),
     Column("input_bytes", BigInteger, nullable=False),
     Column("input_sha256", String(64), nullable=False),
-    Column("places", String(2000), nullable=False),
-    Column("options", JSON, nullable=False),
+    Column("spec", JSON, nullable=False),
     Column("idempotency_key", String(255), nullable=True, unique=True),
     Column("request_fingerprint", String(64), nullable=True),
     Column("artifact_attempt", Integer, nullable=True),
@@ -74,6 +74,8 @@ jobs_table = Table(
     Column("error_field", String(200), nullable=True),
     Column("retry_reason", Text, nullable=True),
     Column("summary", JSON, nullable=True),
+    Column("cache_key", String(64), nullable=True, index=True),
+    Column("cached_from", String(36), nullable=True),
 )
 
 workers_table = Table(
@@ -85,6 +87,18 @@ workers_table = Table(
     Column("running", Integer, nullable=False, default=0),
     Column("started_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False, index=True),
+)
+
+#: The outbox of job-ended notifications (``worker.jobs.callbacks``): one row per job with a callback_url.
+callbacks_table = Table(
+    "mirserve_callbacks", metadata,
+    Column("job_id", String(36), ForeignKey("mirserve_jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("url", String(2048), nullable=False),
+    Column("state", String(16), nullable=False, index=True),  # pending, delivered, failed
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_at", UTCDateTime, nullable=False, index=True),
+    Column("delivered_at", UTCDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
 )
 
 
@@ -112,8 +126,7 @@ class Job:
     input_filename: str
     input_bytes: int
     input_sha256: str
-    places: str
-    options: dict[str, Any]
+    spec: JobSpec
     idempotency_key: str | None
     request_fingerprint: str | None
     artifact_attempt: int | None
@@ -124,13 +137,27 @@ class Job:
     error_field: str | None
     retry_reason: str | None
     summary: dict[str, Any] | None
+    cache_key: str | None
+    cached_from: str | None
 
     @classmethod
     def from_row(cls, row) -> "Job":
         values = dict(row._mapping)
         values["state"] = JobState(values["state"])
         values["cancel_requested"] = bool(values["cancel_requested"])
+        values["spec"] = JobSpec.from_dict(values["spec"])
         return cls(**values)
+
+    @property
+    def lease(self) -> "Lease":
+        """The lease of the running attempt, as the claim that started it returned it."""
+        if self.state is not JobState.RUNNING or self.lease_token is None:
+            raise ValueError(f"job {self.id} is {self.state}, not running under a lease")
+        return Lease(self.id, self.attempt, self.lease_token, self.max_attempts)
+
+
+def new_job_id() -> str:
+    return str(uuid.uuid4())
 
 
 @dataclass(frozen=True)
@@ -140,12 +167,11 @@ class NewJob:
     input_filename: str
     input_bytes: int
     input_sha256: str
-    places: str
-    options: dict[str, Any]
+    spec: JobSpec
     max_attempts: int
     idempotency_key: str | None = None
     request_fingerprint: str | None = None
-    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    id: str = field(default_factory=new_job_id)
 
 
 @dataclass(frozen=True)
@@ -179,9 +205,6 @@ class IdempotencyConflict(Exception):
         self.existing = existing
 
 
-_UNSET = object()
-
-
 class JobStore:
     """All reads and writes of the job and worker tables."""
 
@@ -190,12 +213,28 @@ class JobStore:
         self.engine = create_db_engine(url)
         self.clock = clock
 
-    def create_schema(self) -> None:
-        """Create missing tables; safe when several processes start at once (the API and its worker)."""
-        with write_transaction(self.engine) as conn:
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(7245510)"))
-            metadata.create_all(conn)
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` (saying what to run) unless the tables are at this code's revision."""
+        from worker.jobs.schema import check
+
+        check(self.engine)
+
+    def upgrade_schema(self, revision: str = "head") -> str:
+        """Create or upgrade the tables to ``revision`` (``mirserve db upgrade``); returns the revision."""
+        from worker.jobs.schema import upgrade
+
+        return upgrade(self.engine, revision)
+
+    def downgrade_schema(self, revision: str) -> str | None:
+        from worker.jobs.schema import downgrade
+
+        return downgrade(self.engine, revision)
+
+    def schema_revision(self) -> tuple[str | None, str]:
+        """The database's revision and this code's."""
+        from worker.jobs.schema import current_revision, head_revision
+
+        return current_revision(self.engine), head_revision()
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -212,17 +251,17 @@ class JobStore:
         values = dict(id=new.id, state=JobState.QUEUED.value, created_at=now, updated_at=now, enqueued_at=now,
                       attempt=0, max_attempts=new.max_attempts, cancel_requested=False,
                       input_filename=new.input_filename, input_bytes=new.input_bytes,
-                      input_sha256=new.input_sha256, places=new.places, options=new.options,
+                      input_sha256=new.input_sha256, spec=new.spec.to_dict(),
                       idempotency_key=new.idempotency_key, request_fingerprint=new.request_fingerprint)
         try:
             with write_transaction(self.engine) as conn:
-                conn.execute(insert(jobs_table).values(**values))
+                row = conn.execute(insert(jobs_table).values(**values).returning(*jobs_table.c)).one()
         except IntegrityError:
             existing = self.find_by_idempotency_key(new.idempotency_key) if new.idempotency_key else None
             if existing is None:
                 raise
             raise IdempotencyConflict(existing) from None
-        return self.get(new.id)
+        return Job.from_row(row)
 
     def get(self, job_id: str) -> Job | None:
         with read_transaction(self.engine) as conn:
@@ -250,16 +289,29 @@ class JobStore:
             found = {JobState(state): n for state, n in conn.execute(query)}
         return {state: found.get(state, 0) for state in JobState}
 
+    def pass_failures(self) -> int:
+        """Passes that failed soft (undone, the job went on) over the jobs the table holds."""
+        failures = jobs_table.c.summary["pass_failures"].as_integer()
+        with read_transaction(self.engine) as conn:
+            return int(conn.execute(select(func.coalesce(func.sum(failures), 0))).scalar_one())
+
     def request_cancel(self, job_id: str) -> Job | None:
-        """Cancel a queued job now; flag a running one for its runner (which kills the engine process)."""
+        """Cancel a queued job now; flag a running one for its runner (which kills the engine process).
+
+        Returns the job as it is afterwards (a finished job unchanged), None when there is no such job.
+        """
         now = self.clock()
         c = jobs_table.c
         with write_transaction(self.engine) as conn:
-            conn.execute(update(jobs_table).where(c.id == job_id, c.state == JobState.QUEUED.value).values(
-                state=JobState.CANCELED.value, finished_at=now, updated_at=now, cancel_requested=True))
-            conn.execute(update(jobs_table).where(c.id == job_id, c.state == JobState.RUNNING.value).values(
-                cancel_requested=True, updated_at=now))
-        return self.get(job_id)
+            row = conn.execute(update(jobs_table).where(c.id == job_id, c.state == JobState.QUEUED.value).values(
+                state=JobState.CANCELED.value, finished_at=now, updated_at=now, cancel_requested=True)
+                .returning(*jobs_table.c)).first()
+            if row is None:
+                row = conn.execute(update(jobs_table).where(c.id == job_id, c.state == JobState.RUNNING.value)
+                                   .values(cancel_requested=True, updated_at=now).returning(*jobs_table.c)).first()
+            if row is None:
+                row = conn.execute(select(jobs_table).where(c.id == job_id)).first()
+        return Job.from_row(row) if row is not None else None
 
     def delete(self, job_id: str, *, unless_state: Iterable[JobState] = ()) -> bool:
         """Delete a job row unless it is in one of ``unless_state``; True when a row went away."""
@@ -273,24 +325,22 @@ class JobStore:
 
     # ---- the runner side ----------------------------------------------------------------------------------
 
-    def claim(self, job_id: str, worker_id: str, lease_seconds: float) -> Lease | None:
-        """Move a queued job to running under a fresh lease; None when it is not queued (any more)."""
+    def claim(self, job_id: str, worker_id: str, lease_seconds: float) -> Job | None:
+        """Move a queued job to running under a fresh lease (``job.lease``); None when it is not queued (any
+        more). One statement: the conditional update returns the row it changed."""
         now = self.clock()
         token = secrets.token_hex(16)
         c = jobs_table.c
         with write_transaction(self.engine) as conn:
-            claimed = conn.execute(
+            row = conn.execute(
                 update(jobs_table)
                 .where(c.id == job_id, c.state == JobState.QUEUED.value, c.cancel_requested.is_(False))
                 .values(state=JobState.RUNNING.value, attempt=c.attempt + 1, lease_token=token,
                         lease_expires_at=now + timedelta(seconds=lease_seconds), worker_id=worker_id,
                         child_pid=None, started_at=func.coalesce(c.started_at, now), updated_at=now,
-                        progress_pass=None, progress_index=None, progress_total=None)).rowcount
-            if claimed != 1:
-                return None
-            attempt, max_attempts = conn.execute(
-                select(c.attempt, c.max_attempts).where(c.id == job_id)).one()
-        return Lease(job_id, attempt, token, max_attempts)
+                        progress_pass=None, progress_index=None, progress_total=None)
+                .returning(*jobs_table.c)).first()
+        return Job.from_row(row) if row is not None else None
 
     def _owned(self, lease: Lease, expired_before: datetime | None = None):
         """The rows this lease still owns; with ``expired_before``, only if the lease has also run out."""

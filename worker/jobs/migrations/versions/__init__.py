@@ -1,0 +1,1 @@
+"""One module per revision of the job tables, named after its revision id."""
