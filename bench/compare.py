@@ -51,6 +51,8 @@ class Row:
     diff: float | str | None = None
     #: The whole child process, interpreter start and imports included (mirserve and load+save only).
     process_seconds: float | None = None
+    #: CPU seconds (user + system) of that whole child: steadier than wall time on a shared machine.
+    cpu_seconds: float | None = None
     error: str | None = None
 
 
@@ -96,7 +98,7 @@ def ensure_big_model(path: Path) -> None:
 TIMED_MIRSERVE = """import sys, time, json
 import onnx
 started = time.perf_counter()
-from worker.cli import main
+from worker.engine.cli import main
 status = main(sys.argv[1:])
 print(json.dumps({"seconds": time.perf_counter() - started}))
 sys.exit(status)
@@ -114,6 +116,7 @@ COUNT_NODES = "import onnx, sys; print(len(onnx.load(sys.argv[1], load_external_
 @dataclass
 class Child:
     process_seconds: float
+    cpu_seconds: float
     peak_mb: float
     status: int
     report: dict | None  # the JSON line the child printed last
@@ -146,7 +149,7 @@ def measured(command: list[str], timeout: float, cwd: Path = REPO) -> Child:
         lines = out.read().decode(errors="replace").strip().splitlines()
         tail = (err.read().decode(errors="replace").strip().splitlines() or [""])[-1]
     report = json.loads(lines[-1]) if child.returncode == 0 and lines else None
-    return Child(wall, usage.ru_maxrss / 1024, child.returncode, report, tail)
+    return Child(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, child.returncode, report, tail)
 
 
 def count_nodes(path: Path) -> int:
@@ -161,8 +164,8 @@ def output_bytes(path: Path) -> int:
 
 def max_abs_diff(original: Path, optimized: Path, shapes: dict) -> float | str:
     """Largest absolute difference over all outputs on one seeded random input (mirserve's own checker)."""
-    from worker.errors import VerificationError
-    from worker.numeric import verify
+    from worker.engine.errors import VerificationError
+    from worker.engine.numeric import verify
     try:
         report = verify(str(original), str(optimized), input_shapes=shapes, runs=1, rtol=1e30, atol=1e30)
     except VerificationError as exc:
@@ -186,7 +189,8 @@ def run_mirserve(model: ModelRuns, portable: bool, work: Path, timeout: float, c
         return Row(tool, error=child.error[:160] or f"exit status {child.status}")
     nodes = json.loads(report.read_text())["model"]["output"]["nodes"]
     return Row(tool, nodes, child.report["seconds"], child.peak_mb, output_bytes(out),
-               max_abs_diff(model.path, out, model.shapes) if check else None, child.process_seconds)
+               max_abs_diff(model.path, out, model.shapes) if check else None, child.process_seconds,
+               child.cpu_seconds)
 
 
 def run_load_save(model: ModelRuns, work: Path, timeout: float) -> Row:
@@ -195,7 +199,7 @@ def run_load_save(model: ModelRuns, work: Path, timeout: float) -> Row:
     if child.status != 0:
         return Row("onnx load+save", error=child.error[:160])
     return Row("onnx load+save", child.report["nodes"], child.report["seconds"], child.peak_mb, output_bytes(out),
-               0.0, child.process_seconds)
+               0.0, child.process_seconds, child.cpu_seconds)
 
 
 def run_peers(model: ModelRuns, peers_script: Path, timeout: float, check: bool = True) -> list[Row]:
@@ -276,8 +280,10 @@ def _diff(value) -> str:
     return value.replace("|", "/")[:60] if isinstance(value, str) else f"{value:.2g}"
 
 
-def table(models: list[ModelRuns]) -> str:
-    lines = ["| model | tool | nodes | wall s | (process s) | peak RSS MiB | output | max abs diff |",
+def table(models: list[ModelRuns], cpu: bool = False) -> str:
+    """``cpu``: the whole child's CPU seconds in the ``(process s)`` column instead of its wall seconds."""
+    lines = [f"| model | tool | nodes | wall s | ({'cpu' if cpu else 'process'} s) | peak RSS MiB | output | "
+             f"max abs diff |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for model in models:
         first = True
@@ -292,7 +298,8 @@ def table(models: list[ModelRuns]) -> str:
                 continue
             seconds = "" if row.seconds is None else f"{row.seconds:.2f}"
             peak = "" if row.peak_mb is None else f"{row.peak_mb:.0f}"
-            process = "" if row.process_seconds is None else f"({row.process_seconds:.2f})"
+            whole = row.cpu_seconds if cpu else row.process_seconds
+            process = "" if whole is None else f"({whole:.2f})"
             lines.append(f"| {name} | {tool} | {row.nodes} | {seconds} | {process} | {peak} | {_size(row.bytes)} "
                          f"| {_diff(row.diff)} |")
     return "\n".join(lines)
@@ -369,6 +376,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run every tool N times and report the median wall time (the machine is shared)")
     parser.add_argument("--markdown", type=Path, help="also write the table, command and machine here")
+    parser.add_argument("--cpu", action="store_true",
+                        help="show each mirserve and load+save child's CPU seconds (user + system, median of the "
+                             "repeats) instead of its process wall seconds: steadier on a busy machine")
     args = parser.parse_args()
     if not args.corpus.is_dir():
         parser.error(f"the model corpus is not at {args.corpus}: pass --corpus or set MIRSERVE_CORPUS")
@@ -385,10 +395,10 @@ def main() -> None:
         for model in models:
             measure_model(model, Path(tmp), args)
             print(f"{model.name}: done", file=sys.stderr, flush=True)
-    report = table(models) + "\n\n" + "\n".join(goal_lines(models))
+    report = table(models, cpu=args.cpu) + "\n\n" + "\n".join(goal_lines(models))
     print(report)
     if args.markdown:
-        from worker.files import atomic_path
+        from worker.engine.atomic import atomic_path
         command = "python bench/compare.py " + " ".join(sys.argv[1:])
         with atomic_path(args.markdown) as target:
             target.write_text(markdown(models, command.strip()))
@@ -419,6 +429,7 @@ def _combined(rows: list[Row]) -> Row:
         first.peak_mb = max(r.peak_mb for r in done)
         if first.process_seconds is not None:
             first.process_seconds = statistics.median(r.process_seconds for r in done)
+            first.cpu_seconds = statistics.median(r.cpu_seconds for r in done)
     return first
 
 

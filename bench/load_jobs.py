@@ -99,6 +99,8 @@ def start_processes(args, data_dir: Path, port: int, log_dir: Path) -> list[subp
         env["MIRSERVE_DATABASE_URL"] = args.database_url
     if args.redis_url:
         env["MIRSERVE_REDIS_URL"] = args.redis_url
+    subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], cwd=REPO, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
     commands = [["api"]] + [["worker", "--concurrency", "1"]] * args.workers
     processes = []
     for i, command in enumerate(commands):

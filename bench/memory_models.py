@@ -15,11 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.conftest import all_models, shapes_for  # noqa: E402
-from worker.ir import load_model  # noqa: E402
-from worker.options import OptimizeOptions  # noqa: E402
-from worker.passes import PassContext, PassManager, get_pipeline  # noqa: E402
-from worker.passes.analysis.type_inference import apply_input_shapes  # noqa: E402
-from worker.places import parse_places  # noqa: E402
+from worker.engine.ir import load_model  # noqa: E402
+from worker.engine.options import OptimizeOptions  # noqa: E402
+from worker.engine.passes import PassContext, PassManager, get_pipeline  # noqa: E402
+from worker.engine.inference import apply_input_shapes  # noqa: E402
+from worker.engine.places import parse_places  # noqa: E402
 
 
 def run(path: Path) -> tuple[dict, float]:

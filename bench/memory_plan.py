@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bert_base_graph import bert_base_model  # noqa: E402
-from worker.ir import load_model  # noqa: E402
-from worker.memory import Buffer, plan_arena  # noqa: E402
-from worker.memory.planner import ORDERINGS, place_in_order  # noqa: E402
-from worker.options import OptimizeOptions  # noqa: E402
-from worker.passes import PassContext, PassManager  # noqa: E402
-from worker.places import parse_places  # noqa: E402
+from worker.engine.ir import load_model  # noqa: E402
+from worker.engine.memory import Buffer, plan_arena  # noqa: E402
+from worker.engine.memory.planner import ORDERINGS, place_in_order  # noqa: E402
+from worker.engine.options import OptimizeOptions  # noqa: E402
+from worker.engine.passes import PassContext, PassManager  # noqa: E402
+from worker.engine.places import parse_places  # noqa: E402
 
 
 def best_time(function, repeat: int):
