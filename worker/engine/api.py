@@ -84,11 +84,13 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     directory = output_path.parent if str(output_path.parent) else Path(".")
     if not directory.is_dir():
         raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
-    model = load_model(model_path, external_data_dir=external_data_dir)
+    limits = options.limits
+    model = load_model(model_path, external_data_dir=external_data_dir, limits=limits)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}
-    ctx = PassContext(model=model, options=options, places=places, kernels=default_table())
+    ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
+                      input_bytes=before["bytes"])
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
@@ -109,11 +111,14 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
             if options.verify:
                 shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
-                                      shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol)
+                                      shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
+                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
                 if ctx.sample_shapes and ctx.sample_shapes["dims"]:
                     verification.update(dims=ctx.sample_shapes["dims"], roles=ctx.sample_shapes["roles"],
                                         tried=ctx.sample_shapes["tried"])
 
+        limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
+                            before["bytes"])
         saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
@@ -124,6 +129,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
         "places": [str(p) for p in places],
         "pipeline": options.pipeline,
         "options": options.to_dict(),
+        "limits": limits.to_dict(),
         "trace": trace,
         "verification": verification,
         "memory": None,  # filled by the memory_plan pass when the pipeline runs it
@@ -150,7 +156,8 @@ def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> di
     if not has_open_dims(specs, options.input_shapes):
         return None
     if options.verify:
-        chosen = choose_shapes(str(model_path), given=options.input_shapes)
+        chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
+                               memory_mb=options.limits.verify_memory_mb)
         return chosen if chosen.get("shapes") else None
     try:
         return first_choice(specs, options.input_shapes)

@@ -9,12 +9,14 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
 from worker import __version__
 from worker.engine.errors import MirserveError, OptionsError
 from worker.engine.atomic import atomic_path, write_json
+from worker.engine.limits import Limits
 from worker.engine.options import OptimizeOptions, parse_shape_arg
 
 
@@ -77,6 +79,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
     cmd.add_argument("--dim-bound", action="append", default=[], metavar="NAME=N",
                      help="upper bound for a symbolic dim, or for the unknown dims of a data-dependent output "
                           "(NonZero, Unique, ...), used by the memory plan (repeatable)")
+    cmd.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                     help="raise (or lower) one of the limits that keep a hostile model from costing anything: "
+                          + ", ".join(f"{f.name} (default {f.default})" for f in fields(Limits)) + " (repeatable)")
     cmd.add_argument("--cut-start", action="append", default=[], metavar="VALUE[,VALUE]",
                      help="keep only what lies after these values, which become the graph's inputs (repeatable)")
     cmd.add_argument("--cut-end", action="append", default=[], metavar="VALUE[,VALUE]",
@@ -167,6 +172,7 @@ def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
         fp16_storage=args.fp16_storage, host_fallback=not args.no_host_fallback,
         check_support_only=getattr(args, "check_support", False), cut_start=_value_names(args.cut_start),
         cut_end=_value_names(args.cut_end), **({"strict": True} if args.strict else {}),
+        limits=Limits().raised(args.limit),
     )
 
 

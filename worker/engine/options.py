@@ -4,13 +4,16 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from worker.engine.errors import OptionsError
+from worker.engine.limits import Limits
 from worker.engine.places import DEFAULT_PLACES
 
 MAX_OPT_LEVEL = 2
+#: Fields that requests cannot set: whoever runs the engine does.
+NOT_FROM_DATA = frozenset({"limits"})
 
 
 def strict_default() -> bool:
@@ -40,13 +43,16 @@ class OptimizeOptions:
     cut_end: Sequence[str] = ()
     #: A pass that fails (a bug, not a user error) fails the run, instead of being undone with a warning.
     strict: bool = field(default_factory=strict_default)
+    #: What the model may make the run spend (``worker.engine.limits``): set by whoever runs the engine (the
+    #: command line's ``--limit``, the service from its settings), never by a job's options.
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "OptimizeOptions":
         """Build options from JSON-like data, naming the offending field on any error."""
         if not isinstance(data, Mapping):
             raise OptionsError("options must be a JSON object", field="options")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - NOT_FROM_DATA
         unknown = sorted(set(data) - known)
         if unknown:
             raise OptionsError(f"unknown option {unknown[0]!r}; known options: {', '.join(sorted(known))}",
@@ -75,6 +81,7 @@ class OptimizeOptions:
             _expect(isinstance(getattr(self, name), bool), name, "must be true or false")
         _expect(isinstance(self.verify_runs, int) and not isinstance(self.verify_runs, bool)
                 and 1 <= self.verify_runs <= 16, "verify_runs", "must be an integer from 1 to 16")
+        _expect(isinstance(self.limits, Limits), "limits", "must be a Limits value")
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             _expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -82,7 +89,8 @@ class OptimizeOptions:
                     name, "must be a number from 0 to 1")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The options as ``from_dict`` reads them (the limits are not among them)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_FROM_DATA}
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         data["dim_bounds"] = dict(self.dim_bounds)
         for name in ("disabled_passes", "cut_start", "cut_end"):

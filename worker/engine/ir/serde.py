@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from worker.engine.errors import ModelError
+from worker.engine.limits import Limits, LimitError, printable
 from worker.engine.atomic import atomic_path
 from worker.engine.ir import wire
 from worker.engine.ir.journal import tracked
@@ -43,15 +44,6 @@ _FIXED_WIDTH = {
 }
 if os.sys.byteorder != "little":  # raw_data is little-endian by the ONNX spec
     raise ImportError("mirserve's zero-copy weight loading needs a little-endian machine")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds checked before any work is done on a model (an uploaded model is untrusted)."""
-
-    max_nodes: int = 2_000_000
-    max_depth: int = 32
-    max_dim: int = 2**31
 
 
 # --- constant sources ------------------------------------------------------------------------------
@@ -130,15 +122,22 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
 
 
 def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
-    count = 0
+    """Counts, nesting and declared dims, on the parsed protobuf before any IR is built."""
+    nodes = values = 0
     stack = [(graph, 1)]
     while stack:
         current, depth = stack.pop()
         if depth > limits.max_depth:
-            raise ModelError(f"{path}: subgraphs nested deeper than {limits.max_depth} levels")
-        count += len(current.node)
-        if count > limits.max_nodes:
-            raise ModelError(f"{path}: more than {limits.max_nodes} nodes")
+            raise LimitError(f"{path}: subgraphs nested deeper than {limits.max_depth} levels (limit max_depth; "
+                             f"raise it with --limit max_depth=N)")
+        nodes += len(current.node)
+        values += len(current.input) + len(current.initializer) + sum(len(n.output) for n in current.node)
+        if nodes > limits.max_nodes:
+            raise LimitError(f"{path}: more than {limits.max_nodes:,} nodes (limit max_nodes; raise it with "
+                             f"--limit max_nodes=N)")
+        if values > limits.max_values:
+            raise LimitError(f"{path}: more than {limits.max_values:,} values (limit max_values; raise it with "
+                             f"--limit max_values=N)")
         for node in current.node:
             for attr in node.attribute:
                 if attr.type == AttributeProto.GRAPH:
@@ -147,12 +146,13 @@ def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
                     stack.extend((g, depth + 1) for g in attr.graphs)
         for info in list(current.input) + list(current.output) + list(current.value_info):
             for dim in info.type.tensor_type.shape.dim:
-                if dim.HasField("dim_value") and dim.dim_value > limits.max_dim:
-                    raise ModelError(f"{path}: value {info.name!r} declares dimension {dim.dim_value}, "
-                                     f"above the limit of {limits.max_dim}")
+                if dim.HasField("dim_value") and dim.dim_value > limits.max_dim:  # -1 is how some say "any"
+                    raise LimitError(f"{path}: value {printable(info.name)} declares dimension {dim.dim_value}, "
+                                     f"above the limit of {limits.max_dim} (limit max_dim)")
         for tensor in current.initializer:
             if any(not 0 <= d <= limits.max_dim for d in tensor.dims):
-                raise ModelError(f"{path}: initializer {tensor.name!r} has dimensions {list(tensor.dims)}")
+                raise LimitError(f"{path}: initializer {printable(tensor.name)} has dimensions "
+                                 f"{list(tensor.dims)}, each must be from 0 to {limits.max_dim} (limit max_dim)")
 
 
 class _Reader:
