@@ -20,7 +20,7 @@ from worker.engine.cli import (add_option_arguments, add_output_arguments, add_p
                                add_plugin_argument, build_parser, check_picture_targets, options_from_args,
                                print_outcome, write_pictures)
 from worker.engine.cli import main as run_cli
-from worker.engine.errors import OptionsError
+from worker.engine.errors import OptionsError, VerificationError
 from worker.engine.ir import load_model, save_model
 from worker.engine.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, verify
 from worker.engine.memory import formulas
@@ -113,6 +113,11 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
                                       shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
                                       timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+                if verification["passed"] is None and not options.allow_unverified:
+                    raise VerificationError(
+                        f"the optimized model cannot be verified, so it is not written: "
+                        f"{verification.get('skipped')}. Fix the model, or ask for it unverified with "
+                        f"--allow-unverified (option allow_unverified)")
                 if ctx.sample_shapes and ctx.sample_shapes["dims"]:
                     verification.update(dims=ctx.sample_shapes["dims"], roles=ctx.sample_shapes["roles"],
                                         tried=ctx.sample_shapes["tried"])

@@ -84,9 +84,9 @@ def _known_value(value: Value | None, known: dict[str, np.ndarray]) -> np.ndarra
     if value is None:
         return None
     data = known.get(value.name)
-    if data is None and value.numel() is not None and value.numel() <= MAX_EVALUATED:
+    if data is None and (value.numel() is None or value.numel() <= MAX_EVALUATED):
         data = value.constant_value()
-    return data
+    return data if data is None or data.size <= MAX_EVALUATED else None
 
 
 def _itemsize(value: Value) -> int:

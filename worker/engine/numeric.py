@@ -150,8 +150,8 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
         if kind not in _DTYPES:
             raise ValueError(f"input {item.name!r} has type {item.type}, which verification cannot generate")
         dtype = np.dtype(_DTYPES[kind])
-        if dtype == np.bool_:
-            feeds[item.name] = rng.random(dims) > 0.5
+        if dtype == np.bool_:  # an array even at rank 0, where the comparison gives a numpy scalar
+            feeds[item.name] = np.asarray(rng.random(dims) > 0.5)
         elif np.issubdtype(dtype, np.floating):
             feeds[item.name] = rng.random(dims).astype(dtype)
         else:
@@ -221,11 +221,13 @@ def _runs(session, shapes, rng) -> str | None:
 
 
 def runtime_message(exc: BaseException, limit: int = 300) -> str:
-    """onnxruntime's error on one line, without its status prefix, source paths and C++ signatures."""
+    """onnxruntime's error on one line, without its status prefix, the model's path, source paths and C++
+    signatures (a service's clients must not learn where the server keeps files)."""
     import re
 
     text = " ".join(str(exc).split())
     text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"Load model from .*? failed: ?", "", text)
     text = re.sub(r"/onnxruntime_src/\S+:\d+ (\S+\(.*?\) )?", "", text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -301,7 +303,7 @@ def _child_choose(request: dict) -> dict:
     try:
         reference = _session(request["reference"])
     except Exception as exc:  # nothing will run it: the first choice, untried
-        return {**_first_choice(request["reference"], request["given"]), "skipped": str(exc)[:300]}
+        return {**_first_choice(request["reference"], request["given"]), "skipped": runtime_message(exc)}
     if _ungenerated(reference):  # verification will say so; nothing to choose
         return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
     return _choose(reference, request["given"], request["seed"])

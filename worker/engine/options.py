@@ -12,6 +12,8 @@ from worker.engine.limits import Limits
 from worker.engine.places import DEFAULT_PLACES
 
 MAX_OPT_LEVEL = 2
+#: Longest place list accepted (a few dozen places): longer is no list anyone means.
+MAX_PLACES_CHARS = 2000
 #: Fields that requests cannot set: whoever runs the engine does.
 NOT_FROM_DATA = frozenset({"limits"})
 
@@ -33,6 +35,9 @@ class OptimizeOptions:
     host_fallback: bool = True
     check_support_only: bool = False
     verify: bool = True
+    #: Publish a model that cannot be verified (onnxruntime cannot load or run the input) with ``verified``
+    #: false and a warning, instead of failing the run.
+    allow_unverified: bool = False
     verify_runs: int = 1
     rtol: float | None = None
     atol: float | None = None
@@ -77,7 +82,9 @@ class OptimizeOptions:
                 and 0 <= self.opt_level <= MAX_OPT_LEVEL, "opt_level",
                 f"must be an integer from 0 to {MAX_OPT_LEVEL}")
         _expect(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline", "must be a pipeline name")
-        for name in ("portable", "fp16_storage", "host_fallback", "check_support_only", "verify", "strict"):
+        _expect(len(self.places) <= MAX_PLACES_CHARS, "places", f"must be at most {MAX_PLACES_CHARS} characters")
+        for name in ("portable", "fp16_storage", "host_fallback", "check_support_only", "verify", "allow_unverified",
+                     "strict"):
             _expect(isinstance(getattr(self, name), bool), name, "must be true or false")
         _expect(isinstance(self.verify_runs, int) and not isinstance(self.verify_runs, bool)
                 and 1 <= self.verify_runs <= 16, "verify_runs", "must be an integer from 1 to 16")
