@@ -141,19 +141,21 @@ def external_cases(secret: Path) -> dict[str, tuple[Callable[[], onnx.ModelProto
         return model
 
     cases["ext_constant_in_function"] = (in_function, REFUSED, "external")
-    # malformed fields (the model's own directory is where a CLI user's external data may live)
+    # malformed fields (the model's own directory is where a CLI user's external data may live; the service
+    # refuses every external reference before looking at its fields)
     cases["ext_offset_not_integer"] = (lambda: _add_model(_external("w", "data.bin", offset="12abc")), REFUSED,
-                                       "offset")
-    cases["ext_offset_negative"] = (lambda: _add_model(_external("w", "data.bin", offset="-8")), REFUSED, "offset")
+                                       "external data")
+    cases["ext_offset_negative"] = (lambda: _add_model(_external("w", "data.bin", offset="-8")), REFUSED,
+                                    "external data")
     cases["ext_length_beyond_file"] = (lambda: _add_model(_external("w", "data.bin", length="1000000")), REFUSED,
-                                       "")
+                                       "external data")
     cases["ext_offset_huge"] = (lambda: _add_model(_external("w", "data.bin", offset="99999999999999999999")),
-                                REFUSED, "offset")
-    cases["ext_location_empty"] = (lambda: _add_model(_external("w", "")), REFUSED, "")
-    cases["ext_location_directory"] = (lambda: _add_model(_external("w", ".")), REFUSED, "")
-    cases["ext_location_nul"] = (lambda: _add_model(_external("w", "data.bin\x00.txt")), REFUSED, "")
+                                REFUSED, "external data")
+    cases["ext_location_empty"] = (lambda: _add_model(_external("w", "")), REFUSED, "external data")
+    cases["ext_location_directory"] = (lambda: _add_model(_external("w", ".")), REFUSED, "external data")
+    cases["ext_location_nul"] = (lambda: _add_model(_external("w", "data.bin\x00.txt")), REFUSED, "external data")
     cases["ext_string_tensor"] = (lambda: _add_model(_external("w", "data.bin", data_type=TensorProto.STRING)),
-                                  REFUSED, "")
+                                  REFUSED, "external data")
     return cases
 
 
@@ -332,7 +334,7 @@ def structure_cases() -> dict[str, tuple[Callable[[], onnx.ModelProto] | bytes, 
         "struct_no_graph": (no_graph(), REFUSED, "not an ONNX model"),
         "struct_garbage": (b"\x08\x07\x12\xff\xff\xff\xff\x0fgarbage" * 40, REFUSED, "not an ONNX model"),
         "struct_truncated": (valid[: len(valid) // 2], REFUSED, "not an ONNX model"),
-        "struct_empty": (b"", REFUSED, "empty"),
+        "struct_empty": (b"", REFUSED, "empty"),  # the service refuses it at upload (422)
     }
 
 
