@@ -8,20 +8,22 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-
 #: Each verification child (choosing shapes, comparing) may take this share of the job's time limit.
 VERIFY_TIME_SHARE = 1 / 3
 
 
 def run_optimize(model_path: str, output_path: str, options: Mapping[str, Any],
-                 progress: Callable[[int, int, str], None]) -> dict:
+                 progress: Callable[[int, int, str], None], external_data_dir: str | None = None) -> dict:
+    """``external_data_dir`` is given only for a model unpacked from an archive upload: the directory it was
+    unpacked in, the one place its external data may be read from."""
     from dataclasses import replace
 
     from worker.engine.api import OptimizeOptions, optimize
 
     engine_options = OptimizeOptions.from_dict(options)
     engine_options = replace(engine_options, limits=job_limits(engine_options.limits))
-    return optimize(model_path, output_path, engine_options, progress=progress)
+    return optimize(model_path, output_path, engine_options, progress=progress,
+                    external_data_dir=external_data_dir)
 
 
 def job_limits(limits):
