@@ -12,8 +12,8 @@ from tests.hostile.conftest import SLOW, assert_clean_refusal
 from tests.hostile.corpus import VERIFIED
 from tests.service.server import REPO, Server
 
-#: The job's time limit; verification gets a third of it (worker.jobs.engine.VERIFY_TIME_SHARE).
-JOB_SECONDS = 45
+#: The job's time limit; verification gets a sixth of it (worker.jobs.engine.VERIFY_TIME_SHARE).
+JOB_SECONDS = 60
 
 
 @pytest.fixture(scope="module")

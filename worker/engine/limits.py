@@ -59,7 +59,7 @@ class Limits:
     #: Iterations of a Loop that only its trip count ends (a constant M with a condition that stays true).
     max_loop_trips: int = 1 << 20
     #: Wall seconds of each numeric verification child (choosing shapes, comparing the models).
-    verify_seconds: float = 300.0
+    verify_seconds: float = 120.0
     #: Address space of each verification child in MiB; 0: no limit of its own.
     verify_memory_mb: int = 4096
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 #: Each verification child (choosing shapes, comparing) may take this share of the job's time limit.
-VERIFY_TIME_SHARE = 1 / 3
+VERIFY_TIME_SHARE = 1 / 6
 
 
 def run_optimize(model_path: str, output_path: str, options: Mapping[str, Any],
