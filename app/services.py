@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from app.downloads import TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
@@ -25,6 +26,7 @@ RETRY_AFTER_SECONDS = "2"
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
+DOWNLOAD_CHUNK = 1 << 20
 
 
 @dataclass
@@ -202,7 +204,8 @@ def job_out(job: Job) -> JobOut:
     if job.state is JobState.SUCCEEDED and job.artifact_sha256:
         external = bool((job.summary or {}).get("external_data"))
         artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact",
-                               data_url=f"{base}/artifact/data" if external else None)
+                               data_url=f"{base}/artifact/data" if external else None,
+                               archive_url=f"{base}/artifact/archive")
     error = JobError(type=job.error_type, message=job.error_message or "",
                      field=job.error_field) if job.error_type else None
     return JobOut(
@@ -236,6 +239,47 @@ def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
             raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
                            "no external data", job_id=job.id) from None
         raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+
+
+def artifact_archive(services: Services, job: Job) -> tuple[TarOfFiles, str]:
+    """The optimized model and its external data (when it has some) as one tar, and the tar's file name: the
+    members keep the names the model refers to, so unpacking it gives a model that loads."""
+    _require_succeeded(job, "artifact")
+    files, storage = services.files, services.files.storage
+    model_key = files.artifact_key(job.id, job.artifact_attempt)
+    data_key = files.artifact_data_key(job.id, job.artifact_attempt)
+    name = artifact_name(job.input_filename)
+    try:
+        members = [_tar_member(storage, model_key, name)]
+        if storage.exists(data_key):
+            members.append(_tar_member(storage, data_key, "model.onnx.data"))
+    except FileNotFoundError:  # ObjectMissing included
+        raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+    finished = int(job.finished_at.timestamp()) if job.finished_at else 0
+    return TarOfFiles(members, mtime=finished), name.removesuffix(".onnx") + ".tar"
+
+
+def _tar_member(storage, key: str, name: str) -> TarMember:
+    local = storage.local_path(key)
+    if local is not None:
+        return TarMember(name, local.stat().st_size, lambda offset: _file_chunks(local, offset))
+    opened = [storage.open(key)]  # its size now; its stream serves the first read
+
+    def chunks(offset: int) -> Iterator[bytes]:  # a store without ranged reads here: skip up to the offset
+        for chunk in (opened.pop() if opened else storage.open(key)).chunks:
+            if offset >= len(chunk):
+                offset -= len(chunk)
+                continue
+            yield chunk[offset:]
+            offset = 0
+    return TarMember(name, opened[0].size, chunks)
+
+
+def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
 
 
 def report(services: Services, job: Job) -> Report:
