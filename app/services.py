@@ -12,15 +12,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from app.downloads import TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
 from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
-from worker.jobs import (CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
+from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
                          JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name,
-                         check_callback_url)
+                         check_callback_url, check_upload)
 
 if TYPE_CHECKING:
     from app.auth import Principal
@@ -30,6 +31,7 @@ RETRY_AFTER_SECONDS = "2"
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
+DOWNLOAD_CHUNK = 1 << 20
 
 
 @dataclass
@@ -124,6 +126,11 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     used for a different request, it is a 422. Whatever is not accepted is removed from the store. Idempotency
     keys are each owner's own: two owners using the same key never meet.
     """
+    try:
+        check_archive(services, job_id)
+    except BaseException:
+        services.files.remove_job(job_id)
+        raise
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
                  spec=spec, max_attempts=services.settings.max_attempts,
@@ -160,6 +167,22 @@ def _owned_key(owner: str | None, key: str | None) -> str | None:
     if key is None or owner is None:
         return key
     return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+
+
+def check_archive(services: Services, job_id: str) -> None:
+    """Refuse an archive upload whose members are not a model and its data files (a 422 naming the member).
+
+    Only the member list is read (a zip's central directory, a tar's headers), never the model. With an S3 store
+    the API keeps no local copy: the engine process checks the same list before it unpacks, and a refusal
+    fails the job with the same message.
+    """
+    local = services.files.storage.local_path(services.files.input_key(job_id))
+    if local is None:
+        return
+    try:
+        check_upload(local, services.settings.archive_limits)
+    except ArchiveError as error:
+        raise InvalidRequest("invalid-archive", str(error), field="model", member=error.member) from None
 
 
 def callback(services: Services, job: Job) -> dict[str, Any]:
@@ -200,7 +223,8 @@ def job_out(job: Job) -> JobOut:
     if job.state is JobState.SUCCEEDED and job.artifact_sha256:
         external = bool((job.summary or {}).get("external_data"))
         artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact",
-                               data_url=f"{base}/artifact/data" if external else None)
+                               data_url=f"{base}/artifact/data" if external else None,
+                               archive_url=f"{base}/artifact/archive")
     error = JobError(type=job.error_type, message=job.error_message or "",
                      field=job.error_field) if job.error_type else None
     return JobOut(
@@ -234,6 +258,47 @@ def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
             raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
                            "no external data", job_id=job.id) from None
         raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+
+
+def artifact_archive(services: Services, job: Job) -> tuple[TarOfFiles, str]:
+    """The optimized model and its external data (when it has some) as one tar, and the tar's file name: the
+    members keep the names the model refers to, so unpacking it gives a model that loads."""
+    _require_succeeded(job, "artifact")
+    files, storage = services.files, services.files.storage
+    model_key = files.artifact_key(job.id, job.artifact_attempt)
+    data_key = files.artifact_data_key(job.id, job.artifact_attempt)
+    name = artifact_name(job.input_filename)
+    try:
+        members = [_tar_member(storage, model_key, name)]
+        if storage.exists(data_key):
+            members.append(_tar_member(storage, data_key, "model.onnx.data"))
+    except FileNotFoundError:  # ObjectMissing included
+        raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+    finished = int(job.finished_at.timestamp()) if job.finished_at else 0
+    return TarOfFiles(members, mtime=finished), name.removesuffix(".onnx") + ".tar"
+
+
+def _tar_member(storage, key: str, name: str) -> TarMember:
+    local = storage.local_path(key)
+    if local is not None:
+        return TarMember(name, local.stat().st_size, lambda offset: _file_chunks(local, offset))
+    opened = [storage.open(key)]  # its size now; its stream serves the first read
+
+    def chunks(offset: int) -> Iterator[bytes]:  # a store without ranged reads here: skip up to the offset
+        for chunk in (opened.pop() if opened else storage.open(key)).chunks:
+            if offset >= len(chunk):
+                offset -= len(chunk)
+                continue
+            yield chunk[offset:]
+            offset = 0
+    return TarMember(name, opened[0].size, chunks)
+
+
+def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
 
 
 def report(services: Services, job: Job) -> Report:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, StreamingResponse
@@ -11,6 +10,7 @@ from app import pictures
 from app import services as jobs
 from app.auth import PrincipalDep
 from app.deps import JobDep, ServicesDep
+from app.downloads import attachment, ranged
 from app.problems import problem_responses
 from app.schemas import CallbackOut, JobOut, JobPage, JobStatus, TraceEntry
 from worker.jobs import JobState
@@ -71,6 +71,23 @@ def get_artifact_data(job: JobDep, services: ServicesDep):
     return _send(jobs.artifact(services, job, data=True), {})
 
 
+@router.get("/{job_id}/artifact/archive", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The optimized model and its external data as one tar.",
+                             "headers": {"ETag": {"schema": {"type": "string"}},
+                                         "Accept-Ranges": {"schema": {"type": "string"}}}},
+                       206: {"description": "The byte range asked for with Range (Content-Range says which)."},
+                       **problem_responses(404, 409, 416)})
+def get_artifact_archive(job: JobDep, services: ServicesDep,
+                         range_: Annotated[str | None, Header(alias="Range")] = None,
+                         if_range: Annotated[str | None, Header(alias="If-Range")] = None):
+    """The optimized model with its external data (when it has some) as one uncompressed tar whose members
+    keep the names the model refers to; resumable with `Range` (and `If-Range` on its ETag)."""
+    archive, filename = jobs.artifact_archive(services, job)
+    return ranged(archive.size, archive.read, f'"{job.artifact_sha256}.tar"', filename, "application/x-tar",
+                  range_, if_range)
+
+
 def _send(download: jobs.Download, headers: dict[str, str]) -> Response:
     """A local file with sendfile, a stream from the store, or a redirect to it."""
     if download.redirect is not None:
@@ -78,14 +95,8 @@ def _send(download: jobs.Download, headers: dict[str, str]) -> Response:
     if download.path is not None:
         return FileResponse(download.path, media_type=ONNX_MEDIA_TYPE, filename=download.filename, headers=headers)
     headers = {**headers, "Content-Length": str(download.size),
-               "Content-Disposition": _attachment(download.filename)}
+               "Content-Disposition": attachment(download.filename)}
     return StreamingResponse(download.chunks, media_type=ONNX_MEDIA_TYPE, headers=headers)
-
-
-def _attachment(filename: str) -> str:
-    """The Content-Disposition FileResponse would send for this name (RFC 6266, RFC 5987 beyond ASCII)."""
-    quoted = quote(filename)
-    return f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
 
 
 def _matches(if_none_match: str, etag: str) -> bool:

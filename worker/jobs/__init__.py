@@ -20,6 +20,7 @@ _EXPORTS = {
     "IdempotencyConflict": "store", "OwnerUsage": "store",
     "ApiKey": "keys", "KeyRefused": "keys", "KeyStore": "keys", "Role": "keys",
     "SchemaError": "schema",
+    "ArchiveError": "archive", "check_upload": "archive",
     "JobFiles": "files", "artifact_name": "files",
     "ObjectMissing": "storage", "ObjectWriter": "storage", "open_storage": "storage",
     "JobQueue": "queue",
@@ -31,6 +32,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from worker.jobs.archive import ArchiveError, check_upload
     from worker.jobs.cli import add_worker_arguments, run_worker
     from worker.jobs.callbacks import CallbackRefused, CallbackStore, check_callback_url
     from worker.jobs.logs import configure_logging
