@@ -213,7 +213,7 @@ def test_keys_command_creates_lists_and_revokes(monkeypatch, tmp_path, capsys):
         assert client.get("/jobs", headers=bearer(token)).status_code == 200
         assert main(["keys", "list"]) == 0
         listing = capsys.readouterr().out
-        assert key_id in listing and "dana" in listing and "admin" in listing and token.split("_")[2] not in listing
+        assert key_id in listing and "dana" in listing and "admin" in listing and token.split("_", 2)[2] not in listing
         assert main(["keys", "revoke", key_id]) == 0
         assert "revoked" in capsys.readouterr().out
         assert_problem(client.get("/jobs", headers=bearer(token)), 401)
@@ -228,4 +228,4 @@ def test_keys_command_creates_lists_and_revokes(monkeypatch, tmp_path, capsys):
         row = conn.execute(api_keys_table.select()).one()
     store.dispose()
     assert row.revoked_at is not None and row.secret_hash.startswith("scrypt$")
-    assert token.split("_")[2] not in str(tuple(row))  # only the hash of the secret is kept
+    assert token.split("_", 2)[2] not in str(tuple(row))  # only the hash of the secret is kept
