@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 BLOCK = 512
 #: ``opener(offset)`` streams a member's bytes from ``offset`` to its end.
 Opener = Callable[[int], Iterator[bytes]]
+#: ``read(start, end)`` streams the bytes [start, end) of a download.
+Reader = Callable[[int, int], Iterator[bytes]]
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def requested_range(header: str | None, size: int) -> tuple[int, int] | None | s
     return start, end
 
 
-def ranged(size: int, read: Callable[[int, int], Iterator[bytes]], etag: str, filename: str, media_type: str,
+def ranged(size: int, read: Reader, etag: str, filename: str, media_type: str,
            range_header: str | None, if_range: str | None) -> Response:
     """Answer a download of ``size`` bytes: all of it (200), the one range asked for (206), or 416."""
     from starlette.responses import StreamingResponse

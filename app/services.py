@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from app.downloads import TarMember, TarOfFiles
+from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
@@ -54,12 +54,14 @@ class Services:
 
 @dataclass
 class Download:
-    """How to hand a stored file to a client: a local file, a stream from the store, or a redirect to it."""
+    """How to hand a stored file to a client: any byte range of it (from its local file or the store), or a
+    redirect to the store."""
 
     filename: str
     size: int | None = None
     path: Path | None = None
-    chunks: Iterator[bytes] | None = None
+    #: ``read(start, end)``: the bytes [start, end) of an object streamed from the store.
+    read: Reader | None = None
     redirect: str | None = None
 
 
@@ -247,12 +249,10 @@ def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
     filename = "model.onnx.data" if data else artifact_name(job.input_filename)
     try:
         local = storage.local_path(key)
-        if local is not None:
-            return Download(filename, local.stat().st_size, path=local)
-        if services.settings.storage_redirect and storage.exists(key):
+        if local is None and services.settings.storage_redirect and storage.exists(key):
             return Download(filename, redirect=storage.presign(key, filename, PRESIGN_SECONDS))
-        found = storage.open(key)
-        return Download(filename, found.size, chunks=found.chunks)
+        size, read = _stored_reader(storage, key)
+        return Download(filename, size, path=local, read=read)
     except FileNotFoundError:  # ObjectMissing included
         if data:
             raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
@@ -279,19 +279,31 @@ def artifact_archive(services: Services, job: Job) -> tuple[TarOfFiles, str]:
 
 
 def _tar_member(storage, key: str, name: str) -> TarMember:
+    size, read = _stored_reader(storage, key)
+    return TarMember(name, size, lambda offset: read(offset, size))
+
+
+def _stored_reader(storage, key: str) -> tuple[int, Reader]:
+    """An object's size and a reader of any range of it: from its file, or from the store by ranged reads."""
     local = storage.local_path(key)
     if local is not None:
-        return TarMember(name, local.stat().st_size, lambda offset: _file_chunks(local, offset))
-    opened = [storage.open(key)]  # its size now; its stream serves the first read
+        return local.stat().st_size, lambda start, end: _bounded(_file_chunks(local, start), end - start)
+    opened = [storage.open(key)]  # its size now; its stream serves a read from the start
 
-    def chunks(offset: int) -> Iterator[bytes]:  # a store without ranged reads here: skip up to the offset
-        for chunk in (opened.pop() if opened else storage.open(key)).chunks:
-            if offset >= len(chunk):
-                offset -= len(chunk)
-                continue
-            yield chunk[offset:]
-            offset = 0
-    return TarMember(name, opened[0].size, chunks)
+    def read(start: int, end: int) -> Iterator[bytes]:
+        found = opened.pop() if opened and start == 0 else storage.open(key, start)
+        return _bounded(found.chunks, end - start)
+    return opened[0].size, read
+
+
+def _bounded(chunks: Iterator[bytes], length: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if len(chunk) >= length:
+            if length:
+                yield chunk[:length]
+            return
+        yield chunk
+        length -= len(chunk)
 
 
 def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:

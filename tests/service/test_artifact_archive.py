@@ -79,6 +79,17 @@ def test_the_model_and_its_data_download_by_ranges_too(client, finished):
         assert part.status_code == 206 and part.content == whole.content[10:20], url
 
 
+def test_a_range_beyond_the_end_is_a_416_problem_and_a_malformed_one_gets_everything(client, finished):
+    plain, _ = finished
+    url = plain["artifact"]["url"]
+    size = plain["artifact"]["bytes"]
+    beyond = client.get(url, headers={"Range": f"bytes={size}-"})
+    assert beyond.status_code == 416 and beyond.headers["content-type"] == "application/problem+json"
+    assert beyond.headers["content-range"] == f"bytes */{size}"
+    whole = client.get(url, headers={"Range": "bytes=abc"})
+    assert whole.status_code == 200 and len(whole.content) == size
+
+
 def test_the_archive_of_a_job_that_has_not_succeeded_is_409(client):
     job = post_model(client).json()
     assert client.get(job["links"]["artifact"] + "/archive").status_code == 409
