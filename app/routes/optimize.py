@@ -34,7 +34,7 @@ FORM_SCHEMA = {
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
                                        "check_support_only, verify, verify_runs, rtol, atol, dim_bounds, "
-                                       "cut_start, cut_end, strict"},
+                                       "cut_start, cut_end, target_opset, strict"},
         },
     }}},
 }

@@ -52,7 +52,7 @@ def optimize(tmp_path: Path, proto: onnx.ModelProto, passes: Sequence[str], *, s
     random inputs (``fixed`` overrides some of them). ``valid=False`` is for inputs onnx rejects."""
     before = tmp_path / "before.onnx"
     onnx.save(proto, str(before))
-    model = load_model(before)
+    model = load_model(before, target_opset=options.get("target_opset"))
     apply_input_shapes(model.graph, shapes or {})
     opts = OptimizeOptions(input_shapes=shapes or {}, **options)
     ctx = PassContext(model, opts, parse_places(opts.places))
