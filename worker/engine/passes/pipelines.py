@@ -79,8 +79,9 @@ CLEANUP: tuple[str, ...] = (
 #: Order: activation/normalization chains are recognised by their constants before any fold moves those
 #: constants into weights; BatchNormalization absorbs its trailing affine before it folds into a conv.
 FUSE: tuple[str, ...] = (
-    "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
+    "layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
     "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse", "fc_fuse", "gemm_bn_fuse", "fold_scale_axis",
+    "split_fuse",
 )
 REPLACE: tuple[str, ...] = (
     "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",
