@@ -15,8 +15,9 @@ Inputs are static (batch 1, sequence 16; images 1x3x32x32; audio 1x80x32 mel fra
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--exporter dynamo|torchscript] [--force] [--list]``. Prints one line per export: its node count or why it
-failed (an export that fails is reported and the run goes on; the exit status is 1 if any failed).
+[--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``. Prints one line per export:
+its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
+if any failed).
 """
 from __future__ import annotations
 
@@ -33,10 +34,24 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "transformers"
 EXPORTERS = ("dynamo", "torchscript")
 SEQUENCE = 16
-VOCAB = 256
 
-# The sizes every text config shares (names differ per architecture, so each builder maps them).
-HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128
+
+@dataclass(frozen=True)
+class Size:
+    """The sizes every config shares (names differ per architecture, so each entry maps them)."""
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int = 4
+    kv_heads: int = 2
+
+
+#: ``bench``: the benchmark's exports; ``tiny``: the test fixtures in tests/engine/data/transformers (one
+#: layer, about 100 kB each, committed), the same decomposed forms; vocabularies stay above 100 because
+#: verification draws token ids below 100.
+SIZES = {"bench": Size(hidden=64, layers=2, intermediate=128, vocab=256),
+         "tiny": Size(hidden=32, layers=1, intermediate=64, vocab=128)}
 
 
 @dataclass(frozen=True)
@@ -51,63 +66,56 @@ class Export:
     inputs: str = "text"
 
 
-def _bert_like(**extra) -> dict:
-    return {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-            "intermediate_size": INTERMEDIATE, "max_position_embeddings": 64, **extra}
+def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """Every architecture at ``size``."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
+    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False}
+    seq2seq = {"vocab_size": vocab, "d_model": hidden, "encoder_layers": layers, "decoder_layers": layers,
+               "encoder_attention_heads": heads, "decoder_attention_heads": heads, "encoder_ffn_dim": inter,
+               "decoder_ffn_dim": inter}
+    return {
+        "bert": Export("BertConfig", "BertModel", bert_like),
+        "roberta": Export("RobertaConfig", "RobertaModel", {**bert_like, "pad_token_id": 1}),
+        "distilbert": Export("DistilBertConfig", "DistilBertModel",
+                             {"vocab_size": vocab, "dim": hidden, "n_layers": layers, "n_heads": heads,
+                              "hidden_dim": inter, "max_position_embeddings": 64}),
+        "albert": Export("AlbertConfig", "AlbertModel", {**bert_like, "embedding_size": hidden // 2}),
+        "vit": Export("ViTConfig", "ViTModel",
+                      {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                       "intermediate_size": inter, "image_size": 32, "patch_size": 8}, inputs="image"),
+        "gpt2": Export("GPT2Config", "GPT2Model",
+                       {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                        "n_positions": 64, "use_cache": False, "bos_token_id": 0, "eos_token_id": 0},
+                       inputs="decoder"),
+        "gpt_neox": Export("GPTNeoXConfig", "GPTNeoXModel", {**bert_like, "use_cache": False}, inputs="decoder"),
+        "llama": Export("LlamaConfig", "LlamaModel", llama_like, inputs="decoder"),
+        "mistral": Export("MistralConfig", "MistralModel", {**llama_like, "sliding_window": None},
+                          inputs="decoder"),
+        "qwen2": Export("Qwen2Config", "Qwen2Model", llama_like, inputs="decoder"),
+        "phi": Export("PhiConfig", "PhiModel", llama_like, inputs="decoder"),
+        "t5_encoder": Export("T5Config", "T5EncoderModel",
+                             {"vocab_size": vocab, "d_model": hidden, "d_kv": hidden // heads, "d_ff": inter,
+                              "num_layers": layers, "num_heads": heads}),
+        "bart_encoder": Export("BartConfig", "BartModel", {**seq2seq, "max_position_embeddings": 64},
+                               inputs="encoder"),
+        "whisper_encoder": Export("WhisperConfig", "WhisperModel",
+                                  {**seq2seq, "num_mel_bins": 80, "max_source_positions": 16,
+                                   "max_target_positions": 16, "pad_token_id": 0, "bos_token_id": 0,
+                                   "eos_token_id": 0, "decoder_start_token_id": 1}, inputs="audio"),
+    }
 
 
-def _llama_like(**extra) -> dict:
-    return {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS, "intermediate_size": INTERMEDIATE, "max_position_embeddings": 64,
-            **extra}
+MODELS = models()
 
 
-MODELS: dict[str, Export] = {
-    "bert": Export("BertConfig", "BertModel", _bert_like()),
-    "roberta": Export("RobertaConfig", "RobertaModel", _bert_like(pad_token_id=1)),
-    "distilbert": Export("DistilBertConfig", "DistilBertModel",
-                         {"vocab_size": VOCAB, "dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS,
-                          "hidden_dim": INTERMEDIATE, "max_position_embeddings": 64}),
-    "albert": Export("AlbertConfig", "AlbertModel", _bert_like(embedding_size=32)),
-    "vit": Export("ViTConfig", "ViTModel",
-                  {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-                   "intermediate_size": INTERMEDIATE, "image_size": 32, "patch_size": 8}, inputs="image"),
-    "gpt2": Export("GPT2Config", "GPT2Model",
-                   {"vocab_size": VOCAB, "n_embd": HIDDEN, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64,
-                    "use_cache": False, "bos_token_id": 0, "eos_token_id": 0}, inputs="decoder"),
-    "gpt_neox": Export("GPTNeoXConfig", "GPTNeoXModel",
-                       {"vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
-                        "num_attention_heads": HEADS, "intermediate_size": INTERMEDIATE,
-                        "max_position_embeddings": 64, "use_cache": False}, inputs="decoder"),
-    "llama": Export("LlamaConfig", "LlamaModel", _llama_like(use_cache=False), inputs="decoder"),
-    "mistral": Export("MistralConfig", "MistralModel", _llama_like(use_cache=False, sliding_window=None),
-                      inputs="decoder"),
-    "qwen2": Export("Qwen2Config", "Qwen2Model", _llama_like(use_cache=False), inputs="decoder"),
-    "phi": Export("PhiConfig", "PhiModel", _llama_like(use_cache=False), inputs="decoder"),
-    "t5_encoder": Export("T5Config", "T5EncoderModel",
-                         {"vocab_size": VOCAB, "d_model": HIDDEN, "d_kv": HIDDEN // HEADS, "d_ff": INTERMEDIATE,
-                          "num_layers": LAYERS, "num_heads": HEADS}),
-    "bart_encoder": Export("BartConfig", "BartModel",
-                           {"vocab_size": VOCAB, "d_model": HIDDEN, "encoder_layers": LAYERS,
-                            "decoder_layers": LAYERS, "encoder_attention_heads": HEADS,
-                            "decoder_attention_heads": HEADS, "encoder_ffn_dim": INTERMEDIATE,
-                            "decoder_ffn_dim": INTERMEDIATE, "max_position_embeddings": 64}, inputs="encoder"),
-    "whisper_encoder": Export("WhisperConfig", "WhisperModel",
-                              {"vocab_size": VOCAB, "d_model": HIDDEN, "encoder_layers": LAYERS,
-                               "decoder_layers": LAYERS, "encoder_attention_heads": HEADS,
-                               "decoder_attention_heads": HEADS, "encoder_ffn_dim": INTERMEDIATE,
-                               "decoder_ffn_dim": INTERMEDIATE, "num_mel_bins": 80,
-                               "max_source_positions": 16, "max_target_positions": 16, "pad_token_id": 0,
-                               "bos_token_id": 0, "eos_token_id": 0, "decoder_start_token_id": 1}, inputs="audio"),
-}
-
-
-def build(name: str):
+def build(name: str, size: Size = SIZES["bench"]):
     """The model (eval mode, eager attention so the export holds the attention arithmetic) and its inputs."""
     import torch
     import transformers
 
-    spec = MODELS[name]
+    spec = models(size)[name]
     config = getattr(transformers, spec.config)(**spec.settings)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -120,7 +128,7 @@ def build(name: str):
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
         return model, {"input_features": torch.rand(1, config.num_mel_bins, frames, generator=generator)}
-    ids = torch.randint(3, VOCAB, (1, SEQUENCE), generator=generator)
+    ids = torch.randint(3, size.vocab, (1, SEQUENCE), generator=generator)
     mask = torch.ones(1, SEQUENCE, dtype=torch.int64)
     return model, {"input_ids": ids, "attention_mask": mask}
 
@@ -140,10 +148,10 @@ def _wrapped(model, names: list[str]):
     return Wrapped()
 
 
-def export(name: str, exporter: str, path: Path) -> None:
+def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) -> None:
     import torch
 
-    model, inputs = build(name)
+    model, inputs = build(name, size)
     wrapped = _wrapped(model, list(inputs))
     args = tuple(inputs.values())
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +177,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", choices=list(MODELS), help="export this model (repeatable)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--size", choices=list(SIZES), default="bench",
+                        help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
     parser.add_argument("--force", action="store_true", help="export again even if the file exists")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     args = parser.parse_args(argv)
@@ -184,7 +194,7 @@ def main(argv=None) -> int:
             started = time.perf_counter()
             try:
                 if args.force or not path.exists():
-                    export(name, exporter, path)
+                    export(name, exporter, path, SIZES[args.size])
                 model = onnx.load(str(path))
                 opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
                 print(f"{path.name}: {len(model.graph.node)} nodes, opset {opset}, "
