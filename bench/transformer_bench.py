@@ -10,11 +10,14 @@ seeded random input, rtol 1e-4 / atol 1e-5 against the export on onnxruntime); t
 ``python3 -m venv bench/out/peers-venv && bench/out/peers-venv/bin/pip install onnxsim onnxslim onnxruntime``).
 
 Usage: python bench/transformer_bench.py [--exports DIR] [--only MODEL ...] [--peers-python PY]
+[--markdown BENCHMARKS.md] (writes its section, from "## Transformer exports" to the end, leaving the rest)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
+import time
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,10 @@ PEERS_SCRIPT = next((p for p in (REPO.parent / "shared" / "bench" / "peers.py",
 PEERS = ("ort_extended", "ort_basic", "onnxsim", "onnxslim")
 STANDARD_PEERS = ("ort_basic", "onnxsim", "onnxslim")
 RUNS = {"default": [], "portable": ["--portable", "--target-opset", "23"]}
+HEADER = ("| model | exporter | original | mirserve default | mirserve --portable --target-opset 23 | ort extended | "
+          "ort basic | onnxsim | onnxslim | verified (max abs diff) | default <= ort extended | "
+          "portable < standard-op peers |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+SECTION = "## Transformer exports"
 
 
 def mirserve(path: Path, flags: list[str], python: Path, scratch: Path) -> dict:
@@ -79,6 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--exports", type=Path, default=EXPORTS)
     parser.add_argument("--only", action="append", help="only this model (repeatable)")
     parser.add_argument("--mirserve-python", type=Path, default=REPO / ".venv" / "bin" / "python")
+    parser.add_argument("--markdown", type=Path, help="write the table as this file's transformer section")
     parser.add_argument("--peers-python", type=Path, default=REPO / "bench" / "out" / "peers-venv" / "bin" / "python")
     args = parser.parse_args(argv)
     paths = sorted(p for p in args.exports.glob("*.onnx") if p.stem.count(".") == 1
@@ -86,17 +94,40 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no exports in {args.exports}: run bench/transformer_exports.py first", file=sys.stderr)
         return 1
-    print("| model | exporter | original | mirserve default | mirserve --portable --target-opset 23 | "
-          "ort extended | ort basic | onnxsim | onnxslim | verified (max abs diff) | default <= ort extended | "
-          "portable < standard-op peers |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    met = True
+    print(HEADER)
+    met, lines = True, []
     with tempfile.TemporaryDirectory() as scratch:
         for path in paths:
             line, ok = row(path, args.mirserve_python, args.peers_python, Path(scratch))
             met &= ok
+            lines.append(line)
             print(line, flush=True)
+    if args.markdown:
+        write_section(args.markdown, lines, " ".join(sys.argv[1:]))
     return 0 if met else 1
+
+
+def write_section(path: Path, lines: list[str], arguments: str) -> None:
+    """Replace this script's section of ``path`` (from SECTION to the end) with the table just measured."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    text = path.read_text() if path.exists() else ""
+    head = text[:text.find("\n" + SECTION)] if ("\n" + SECTION) in text else text.rstrip("\n")
+    section = [
+        "", SECTION, "",
+        f"Command: `python bench/transformer_bench.py{(' ' + arguments) if arguments else ''}` on the exports of "
+        f"`bench/transformer_exports.py` (2 layers, hidden 64, batch 1, sequence 16, random weights).",
+        "",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, git {commit}, Python "
+        f"{platform.python_version()}.",
+        "",
+        "Nodes of the output; `verified` is mirserve's own check of both runs (one seeded random input, onnxruntime, "
+        "rtol 1e-4 / atol 1e-5) with the larger max abs diff. Goals of issue 13: the default output has no more "
+        "nodes than onnxruntime extended; --portable (standard ops only, opset raised to 23) fewer than every "
+        "standard-op peer (ort basic, onnxsim, onnxslim).",
+        "", HEADER, *lines, "",
+    ]
+    path.write_text(head + "\n" + "\n".join(section))
 
 
 if __name__ == "__main__":
