@@ -5,11 +5,14 @@ event loop. Failures are ``app.errors`` exceptions, which ``app.problems`` answe
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
@@ -17,14 +20,18 @@ from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
 from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
-                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, check_callback_url,
-                         check_upload)
+                         JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name,
+                         check_callback_url, check_upload)
+
+if TYPE_CHECKING:
+    from app.auth import Principal
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
+DOWNLOAD_CHUNK = 1 << 20
 
 
 @dataclass
@@ -35,6 +42,10 @@ class Services:
     queue: JobQueue
     metrics: Metrics
 
+    @cached_property
+    def keys(self) -> KeyStore:
+        return KeyStore(self.store)
+
     def close(self) -> None:
         self.queue.close()
         self.store.dispose()
@@ -43,12 +54,14 @@ class Services:
 
 @dataclass
 class Download:
-    """How to hand a stored file to a client: a local file, a stream from the store, or a redirect to it."""
+    """How to hand a stored file to a client: any byte range of it (from its local file or the store), or a
+    redirect to the store."""
 
     filename: str
     size: int | None = None
     path: Path | None = None
-    chunks: Iterator[bytes] | None = None
+    #: ``read(start, end)``: the bytes [start, end) of an object streamed from the store.
+    read: Reader | None = None
     redirect: str | None = None
 
 
@@ -78,9 +91,10 @@ def _options_object(text: str | None) -> dict[str, Any]:
     return value
 
 
-def get_job(services: Services, job_id: str) -> Job:
+def get_job(services: Services, job_id: str, viewer: Principal | None = None) -> Job:
+    """The job, if ``viewer`` may see it: another owner's job is as missing as one that does not exist."""
     job = services.store.get(job_id)
-    if job is None:
+    if job is None or (viewer is not None and not viewer.may_see(job)):
         raise NotFound("job-not-found", f"there is no job {job_id!r}", field="job_id")
     return job
 
@@ -107,11 +121,12 @@ def parse_callback(fields: Mapping[str, str], settings: Settings) -> str | None:
 
 
 def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idempotency_key: str | None,
-           callback_url: str | None = None) -> tuple[Job, bool]:
+           callback_url: str | None = None, owner: str | None = None) -> tuple[Job, bool]:
     """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
-    used for a different request, it is a 422. Whatever is not accepted is removed from the store.
+    used for a different request, it is a 422. Whatever is not accepted is removed from the store. Idempotency
+    keys are each owner's own: two owners using the same key never meet.
     """
     try:
         check_archive(services, job_id)
@@ -120,8 +135,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
         raise
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
-                 spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
-                 request_fingerprint=fingerprint)
+                 spec=spec, max_attempts=services.settings.max_attempts,
+                 idempotency_key=_owned_key(owner, idempotency_key), request_fingerprint=fingerprint, owner=owner)
     try:
         job = services.store.create(new)
     except IdempotencyConflict as conflict:
@@ -146,6 +161,14 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     services.metrics.jobs_submitted.inc()
     services.metrics.upload_bytes.inc(upload.bytes)
     return job, True
+
+
+def _owned_key(owner: str | None, key: str | None) -> str | None:
+    """The Idempotency-Key as stored: the owner's namespace (a digest, to stay within the column) or, without
+    owners, the key itself."""
+    if key is None or owner is None:
+        return key
+    return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
 
 
 def check_archive(services: Services, job_id: str) -> None:
@@ -202,7 +225,8 @@ def job_out(job: Job) -> JobOut:
     if job.state is JobState.SUCCEEDED and job.artifact_sha256:
         external = bool((job.summary or {}).get("external_data"))
         artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact",
-                               data_url=f"{base}/artifact/data" if external else None)
+                               data_url=f"{base}/artifact/data" if external else None,
+                               archive_url=f"{base}/artifact/archive")
     error = JobError(type=job.error_type, message=job.error_message or "",
                      field=job.error_field) if job.error_type else None
     return JobOut(
@@ -225,17 +249,68 @@ def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
     filename = "model.onnx.data" if data else artifact_name(job.input_filename)
     try:
         local = storage.local_path(key)
-        if local is not None:
-            return Download(filename, local.stat().st_size, path=local)
-        if services.settings.storage_redirect and storage.exists(key):
+        if local is None and services.settings.storage_redirect and storage.exists(key):
             return Download(filename, redirect=storage.presign(key, filename, PRESIGN_SECONDS))
-        found = storage.open(key)
-        return Download(filename, found.size, chunks=found.chunks)
+        size, read = _stored_reader(storage, key)
+        return Download(filename, size, path=local, read=read)
     except FileNotFoundError:  # ObjectMissing included
         if data:
             raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
                            "no external data", job_id=job.id) from None
         raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+
+
+def artifact_archive(services: Services, job: Job) -> tuple[TarOfFiles, str]:
+    """The optimized model and its external data (when it has some) as one tar, and the tar's file name: the
+    members keep the names the model refers to, so unpacking it gives a model that loads."""
+    _require_succeeded(job, "artifact")
+    files, storage = services.files, services.files.storage
+    model_key = files.artifact_key(job.id, job.artifact_attempt)
+    data_key = files.artifact_data_key(job.id, job.artifact_attempt)
+    name = artifact_name(job.input_filename)
+    try:
+        members = [_tar_member(storage, model_key, name)]
+        if storage.exists(data_key):
+            members.append(_tar_member(storage, data_key, "model.onnx.data"))
+    except FileNotFoundError:  # ObjectMissing included
+        raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+    finished = int(job.finished_at.timestamp()) if job.finished_at else 0
+    return TarOfFiles(members, mtime=finished), name.removesuffix(".onnx") + ".tar"
+
+
+def _tar_member(storage, key: str, name: str) -> TarMember:
+    size, read = _stored_reader(storage, key)
+    return TarMember(name, size, lambda offset: read(offset, size))
+
+
+def _stored_reader(storage, key: str) -> tuple[int, Reader]:
+    """An object's size and a reader of any range of it: from its file, or from the store by ranged reads."""
+    local = storage.local_path(key)
+    if local is not None:
+        return local.stat().st_size, lambda start, end: _bounded(_file_chunks(local, start), end - start)
+    opened = [storage.open(key)]  # its size now; its stream serves a read from the start
+
+    def read(start: int, end: int) -> Iterator[bytes]:
+        found = opened.pop() if opened and start == 0 else storage.open(key, start)
+        return _bounded(found.chunks, end - start)
+    return opened[0].size, read
+
+
+def _bounded(chunks: Iterator[bytes], length: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if len(chunk) >= length:
+            if length:
+                yield chunk[:length]
+            return
+        yield chunk
+        length -= len(chunk)
+
+
+def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
 
 
 def report(services: Services, job: Job) -> Report:

@@ -11,6 +11,9 @@ import pytest
 # The suite runs strict: a pass that raises fails the run instead of being undone with a warning, so that no
 # bug hides behind the fail-soft default. Tests of that default ask for strict=False themselves.
 os.environ.setdefault("MIRSERVE_STRICT", "1")
+# The service's tests run it as a local `mirserve serve` without API keys, which sees every job; the auth tests
+# (tests/service/test_auth.py) ask for MIRSERVE_AUTH=keys themselves.
+os.environ.setdefault("MIRSERVE_AUTH", "none")
 
 
 def _find_corpus() -> Path:
@@ -58,6 +61,22 @@ def shapes_for(path: Path) -> dict:
 
 def model_id(path: Path) -> str:
     return Path(path).stem
+
+
+def _names_a_real_model(value) -> bool:
+    if isinstance(value, Path):
+        return value.suffix == ".onnx" and value.parent in (CORPUS, LIGHT)
+    return isinstance(value, str) and (value in CORPUS_SHAPES or value in LIGHT_MODELS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name) runs real
+    models: it gets the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test
+    having to remember the mark."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec and any(_names_a_real_model(v) for v in callspec.params.values()):
+            item.add_marker(pytest.mark.models)
 
 
 @pytest.fixture(scope="session", autouse=True)
