@@ -5,10 +5,12 @@ event loop. Failures are ``app.errors`` exceptions, which ``app.problems`` answe
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
@@ -18,8 +20,11 @@ from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
 from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
-                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, check_callback_url,
-                         check_upload)
+                         JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name,
+                         check_callback_url, check_upload)
+
+if TYPE_CHECKING:
+    from app.auth import Principal
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
@@ -36,6 +41,10 @@ class Services:
     files: JobFiles
     queue: JobQueue
     metrics: Metrics
+
+    @cached_property
+    def keys(self) -> KeyStore:
+        return KeyStore(self.store)
 
     def close(self) -> None:
         self.queue.close()
@@ -82,9 +91,10 @@ def _options_object(text: str | None) -> dict[str, Any]:
     return value
 
 
-def get_job(services: Services, job_id: str) -> Job:
+def get_job(services: Services, job_id: str, viewer: Principal | None = None) -> Job:
+    """The job, if ``viewer`` may see it: another owner's job is as missing as one that does not exist."""
     job = services.store.get(job_id)
-    if job is None:
+    if job is None or (viewer is not None and not viewer.may_see(job)):
         raise NotFound("job-not-found", f"there is no job {job_id!r}", field="job_id")
     return job
 
@@ -111,11 +121,12 @@ def parse_callback(fields: Mapping[str, str], settings: Settings) -> str | None:
 
 
 def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idempotency_key: str | None,
-           callback_url: str | None = None) -> tuple[Job, bool]:
+           callback_url: str | None = None, owner: str | None = None) -> tuple[Job, bool]:
     """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
-    used for a different request, it is a 422. Whatever is not accepted is removed from the store.
+    used for a different request, it is a 422. Whatever is not accepted is removed from the store. Idempotency
+    keys are each owner's own: two owners using the same key never meet.
     """
     try:
         check_archive(services, job_id)
@@ -124,8 +135,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
         raise
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
-                 spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
-                 request_fingerprint=fingerprint)
+                 spec=spec, max_attempts=services.settings.max_attempts,
+                 idempotency_key=_owned_key(owner, idempotency_key), request_fingerprint=fingerprint, owner=owner)
     try:
         job = services.store.create(new)
     except IdempotencyConflict as conflict:
@@ -150,6 +161,14 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     services.metrics.jobs_submitted.inc()
     services.metrics.upload_bytes.inc(upload.bytes)
     return job, True
+
+
+def _owned_key(owner: str | None, key: str | None) -> str | None:
+    """The Idempotency-Key as stored: the owner's namespace (a digest, to stay within the column) or, without
+    owners, the key itself."""
+    if key is None or owner is None:
+        return key
+    return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
 
 
 def check_archive(services: Services, job_id: str) -> None:
