@@ -17,7 +17,8 @@ from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
 from worker.jobs import (CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
-                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, check_callback_url)
+                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
+                         check_callback_url, engine_identity, reuse_result)
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
@@ -110,14 +111,16 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
-    used for a different request, it is a 422. Whatever is not accepted is removed from the store.
+    used for a different request, it is a 422. Whatever is not accepted is removed from the store. A request an
+    earlier job already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
     """
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
                  spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
                  request_fingerprint=fingerprint)
     try:
-        job = services.store.create(new)
+        source = _cached_result(services, new)
+        job = services.store.create(new, cached=source)
     except IdempotencyConflict as conflict:
         services.files.remove_job(new.id)
         if conflict.existing.request_fingerprint != fingerprint:
@@ -131,7 +134,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     try:
         if callback_url is not None:  # before the queue hears of it: the job cannot end without its callback
             CallbackStore(services.store).add(job.id, callback_url)
-        services.queue.enqueue(job.id)
+        if source is None:
+            services.queue.enqueue(job.id)
     except Exception as error:
         services.store.delete(job.id)
         services.files.remove_job(job.id)
@@ -140,6 +144,23 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     services.metrics.jobs_submitted.inc()
     services.metrics.upload_bytes.inc(upload.bytes)
     return job, True
+
+
+def _cached_result(services: Services, new: NewJob) -> Job | None:
+    """The succeeded job whose result the new job reuses, with its outputs already copied to the new job's;
+    None when caching is off for the job or the deployment, or no such result (still) exists."""
+    if not (services.settings.cache and new.spec.cache):
+        return None
+    try:
+        key = cache_key(new.input_sha256, new.spec, engine_identity())
+    except Exception:  # noqa: BLE001 - an engine that cannot tell what it is runs the job instead
+        return None
+    source = services.store.find_cached(key)
+    if source is None or source.artifact_attempt is None:
+        return None
+    if not reuse_result(services.files, source.id, source.artifact_attempt, new.id):
+        return None  # deleted meanwhile: the job runs
+    return source
 
 
 def callback(services: Services, job: Job) -> dict[str, Any]:
@@ -191,6 +212,7 @@ def job_out(job: Job) -> JobOut:
         input=JobInput(filename=job.input_filename, bytes=job.input_bytes, sha256=job.input_sha256),
         artifact=artifact, error=error, retry_reason=job.retry_reason,
         summary=JobSummary(**job.summary) if job.summary else None,
+        cached=job.cached_from is not None, cached_from=job.cached_from,
         links=JobLinks(self=base, artifact=f"{base}/artifact", trace=f"{base}/trace", memory=f"{base}/memory",
                        report=f"{base}/report", cancel=f"{base}/cancel"))
 

@@ -42,6 +42,8 @@ class JobSettings(BaseSettings):
     requeue_after_seconds: float = Field(600.0, gt=0)
     retention_hours: float = Field(168.0, ge=0, description="finished jobs are deleted after this; 0: never")
     poll_seconds: float = Field(0.25, gt=0, le=5, description="how long a runner waits for engine output at once")
+    cache: bool = Field(True, description="a job whose model, places and options an earlier job already "
+                        "optimized with the same engine reuses that result; false: every job runs")
     warm_engines: bool = Field(True, description="fork each job's engine process from a server that has imported "
                                "the engine; false: a fresh interpreter per job")
 

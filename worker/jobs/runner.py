@@ -29,6 +29,7 @@ from worker.jobs.config import JobSettings
 from worker.jobs.engine_process import ChildSpec, EngineProcess, describe_exit
 from worker.jobs.files import JobFiles, artifact_name, read_bounded, sha256_of, tail
 from worker.jobs.report import PathNames, Report, ReportError
+from worker.jobs.result_cache import cache_key
 from worker.jobs.storage import ObjectMissing
 from worker.jobs.store import Job, JobState, JobStore, Lease
 
@@ -111,7 +112,8 @@ class JobRunner:
         try:
             self.store.set_child(lease, process.pid)
             stop = self._supervise(lease, process)
-            state = self._settle(lease, stop, process, attempt_dir, self._path_names(job, model, attempt_dir))
+            names = self._path_names(job, model, attempt_dir)
+            state = self._settle(job, lease, stop, process, attempt_dir, names)
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
@@ -177,7 +179,7 @@ class JobRunner:
             if self._stopping.is_set():
                 return Stop.SHUTDOWN
 
-    def _settle(self, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
+    def _settle(self, job: Job, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
                 names: PathNames) -> JobState | None:
         if stop is not Stop.EXITED:
             process.kill()
@@ -192,12 +194,15 @@ class JobRunner:
             return JobState.FAILED if self._fail(lease, "TimeLimitError", message) else None
         if stop is Stop.SHUTDOWN:
             return self._retry(lease, "the worker running it shut down")
-        return self._settle_exit(lease, process.wait(), attempt_dir, names)
+        return self._settle_exit(job, lease, process.wait(), attempt_dir, names)
 
-    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path, names: PathNames) -> JobState | None:
+    def _settle_exit(self, job: Job, lease: Lease, returncode: int, attempt_dir: Path,
+                     names: PathNames) -> JobState | None:
         verdict = _read_json(attempt_dir / "result.json", RESULT_LIMIT)
         if isinstance(verdict, dict) and verdict.get("ok") and returncode == 0:
-            return self._publish(lease, attempt_dir, names)
+            identity = verdict.get("engine")
+            key = cache_key(job.input_sha256, job.spec, identity) if isinstance(identity, dict) else None
+            return self._publish(lease, attempt_dir, names, key)
         if isinstance(verdict, dict) and not verdict.get("ok"):
             error = verdict.get("error") if isinstance(verdict.get("error"), dict) else {}
             message = names.text(str(error.get("message") or "the engine failed without a message"))
@@ -210,7 +215,9 @@ class JobRunner:
                    f"need more than the job memory limit of {self.config.job_memory_mb} MiB")
         return JobState.FAILED if self._fail(lease, "EngineCrash", message) else None
 
-    def _publish(self, lease: Lease, attempt_dir: Path, names: PathNames) -> JobState | None:
+    def _publish(self, lease: Lease, attempt_dir: Path, names: PathNames,
+                 key: str | None = None) -> JobState | None:
+        """Publish a successful attempt; ``key`` is its result's cache key (None: not offered for reuse)."""
         artifact = attempt_dir / "model.onnx"
         try:
             report = Report.from_engine(_read_json(attempt_dir / "report.json", REPORT_LIMIT), names)
@@ -228,7 +235,8 @@ class JobRunner:
         if (attempt_dir / "model.onnx.data").is_file():
             storage.put_file(self.files.artifact_data_key(job_id, attempt), attempt_dir / "model.onnx.data")
         storage.put_file(self.files.artifact_key(job_id, attempt), artifact)
-        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=report.summary()):
+        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=report.summary(),
+                                  cache_key=key):
             storage.delete_prefix(self.files.attempt_prefix(job_id, attempt))
             return None
         self.files.remove_attempts_except(job_id, keep=attempt)

@@ -245,14 +245,25 @@ class JobStore:
 
     # ---- the API side -------------------------------------------------------------------------------------
 
-    def create(self, new: NewJob) -> Job:
-        """Insert a queued job; raises IdempotencyConflict when its key is taken."""
+    def create(self, new: NewJob, cached: "Job | None" = None) -> Job:
+        """Insert a queued job; raises IdempotencyConflict when its key is taken.
+
+        With ``cached`` (a succeeded job whose outputs were copied to the new job's cached attempt, see
+        ``worker.jobs.result_cache``), the job is inserted succeeded with that job's result, and no attempt.
+        """
         now = self.clock()
         values = dict(id=new.id, state=JobState.QUEUED.value, created_at=now, updated_at=now, enqueued_at=now,
                       attempt=0, max_attempts=new.max_attempts, cancel_requested=False,
                       input_filename=new.input_filename, input_bytes=new.input_bytes,
                       input_sha256=new.input_sha256, spec=new.spec.to_dict(),
                       idempotency_key=new.idempotency_key, request_fingerprint=new.request_fingerprint)
+        if cached is not None:
+            from worker.jobs.files import CACHED_ATTEMPT
+
+            values.update(state=JobState.SUCCEEDED.value, enqueued_at=None, started_at=now, finished_at=now,
+                          artifact_attempt=CACHED_ATTEMPT, artifact_bytes=cached.artifact_bytes,
+                          artifact_sha256=cached.artifact_sha256, summary=cached.summary,
+                          cache_key=cached.cache_key, cached_from=cached.id)
         try:
             with write_transaction(self.engine) as conn:
                 row = conn.execute(insert(jobs_table).values(**values).returning(*jobs_table.c)).one()
@@ -266,6 +277,15 @@ class JobStore:
     def get(self, job_id: str) -> Job | None:
         with read_transaction(self.engine) as conn:
             row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).first()
+        return Job.from_row(row) if row is not None else None
+
+    def find_cached(self, cache_key: str) -> Job | None:
+        """The newest succeeded job whose result has this cache key (``worker.jobs.result_cache``)."""
+        c = jobs_table.c
+        query = (select(jobs_table).where(c.cache_key == cache_key, c.state == JobState.SUCCEEDED.value)
+                 .order_by(c.finished_at.desc()).limit(1))
+        with read_transaction(self.engine) as conn:
+            row = conn.execute(query).first()
         return Job.from_row(row) if row is not None else None
 
     def find_by_idempotency_key(self, key: str) -> Job | None:
@@ -367,10 +387,12 @@ class JobStore:
         return Beat(owned=True, cancel_requested=bool(cancel))
 
     def publish(self, lease: Lease, *, artifact_bytes: int, artifact_sha256: str,
-                summary: dict[str, Any]) -> bool:
-        """Mark the attempt's outputs as the job's artifact, in one commit, if the lease is still ours."""
+                summary: dict[str, Any], cache_key: str | None = None) -> bool:
+        """Mark the attempt's outputs as the job's artifact, in one commit, if the lease is still ours;
+        ``cache_key`` names the result for later jobs (``worker.jobs.result_cache``)."""
         return self._finish(lease, JobState.SUCCEEDED, artifact_attempt=lease.attempt,
-                            artifact_bytes=artifact_bytes, artifact_sha256=artifact_sha256, summary=summary)
+                            artifact_bytes=artifact_bytes, artifact_sha256=artifact_sha256, summary=summary,
+                            cache_key=cache_key)
 
     def fail(self, lease: Lease, error_type: str, message: str, error_field: str | None = None, *,
              expired_before: datetime | None = None) -> bool:
