@@ -22,6 +22,8 @@ from worker.jobs import (CallbackRefused, CallbackStore, IdempotencyConflict, Jo
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
+#: What the API advises a client refused because the queue is full to wait before submitting again.
+QUEUE_FULL_RETRY_SECONDS = 10
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
@@ -83,6 +85,22 @@ def get_job(services: Services, job_id: str) -> Job:
     if job is None:
         raise NotFound("job-not-found", f"there is no job {job_id!r}", field="job_id")
     return job
+
+
+def check_capacity(services: Services) -> None:
+    """Refuse a submission while ``MIRSERVE_MAX_QUEUED`` jobs wait for a worker (before its upload is read).
+
+    Submissions accepted at the same moment may each see room, so the queue can pass the limit by the few
+    submissions in flight; it stops growing all the same.
+    """
+    limit = services.settings.max_queued
+    if not limit:
+        return
+    queued = services.store.count_queued()
+    if queued >= limit:
+        raise Unavailable("queue-full", f"{queued} jobs are waiting for a worker, the most this service queues "
+                          f"(MIRSERVE_MAX_QUEUED={limit}); nothing was kept, submit again later",
+                          retry_after=QUEUE_FULL_RETRY_SECONDS, queued=queued, max_queued=limit)
 
 
 def input_writer(services: Services, job_id: str) -> ObjectWriter:

@@ -63,6 +63,7 @@ class JobRunner:
         self.worker_id = worker_id
         self.enqueue = enqueue
         self._stopping = threading.Event()
+        self._draining = threading.Event()
         self._lock = threading.Lock()
         self._active: dict[str, EngineProcess] = {}
         self._last_pass: dict[str, str] = {}  # the pass each running job reported last, for the logs
@@ -72,13 +73,19 @@ class JobRunner:
         with self._lock:
             return len(self._active)
 
+    def drain(self) -> None:
+        """Claim no more jobs; running attempts go on."""
+        self._draining.set()
+
     def stop(self) -> None:
-        """Abort every running attempt; their jobs go back to the queue."""
+        """Claim no more jobs and abort every running attempt, releasing its lease: its job goes back to the
+        queue at once, for another worker, and the attempt does not count against the job's maximum."""
+        self._draining.set()
         self._stopping.set()
 
     def run(self, job_id: str) -> JobState | None:
         """Run one attempt of ``job_id`` if it is queued; returns the job's state afterwards (None: not ours)."""
-        if self._stopping.is_set():
+        if self._draining.is_set():
             self.enqueue(job_id)  # this worker is going away; leave the job to another
             return None
         job = self.store.claim(job_id, self.worker_id, self.config.lease_seconds)
@@ -193,7 +200,7 @@ class JobRunner:
             message = f"the optimization took longer than the job time limit of {limit:g} s"
             return JobState.FAILED if self._fail(lease, "TimeLimitError", message) else None
         if stop is Stop.SHUTDOWN:
-            return self._retry(lease, "the worker running it shut down")
+            return self._retry(lease, "the worker running it shut down", release=True)
         return self._settle_exit(job, lease, process.wait(), attempt_dir, names)
 
     def _settle_exit(self, job: Job, lease: Lease, returncode: int, attempt_dir: Path,
@@ -251,11 +258,11 @@ class JobRunner:
                                              "pass": self._last_pass.get(lease.job_id)})
         return failed
 
-    def _retry(self, lease: Lease, reason: str) -> JobState | None:
+    def _retry(self, lease: Lease, reason: str, *, release: bool = False) -> JobState | None:
         log.warning("attempt given back to the queue", extra={"job_id": lease.job_id, "attempt": lease.attempt,
                                                               "reason": reason,
                                                               "pass": self._last_pass.get(lease.job_id)})
-        state = self.store.retry(lease, reason)
+        state = (self.store.release if release else self.store.retry)(lease, reason)
         if state is JobState.QUEUED:
             self.enqueue(lease.job_id)
         return state

@@ -421,6 +421,11 @@ class JobStore:
                        f"(the maximum is {lease.max_attempts})")
             failed = self.fail(lease, "AttemptsExhausted", message, expired_before=expired_before)
             return JobState.FAILED if failed else None
+        return self.release(lease, reason, expired_before=expired_before)
+
+    def release(self, lease: Lease, reason: str, *, expired_before: datetime | None = None) -> JobState | None:
+        """Give the job back to the queue whatever its attempts (a worker shutting down: the attempt was not
+        the job's fault); QUEUED, or None when the lease was no longer ours."""
         now = self.clock()
         with write_transaction(self.engine) as conn:
             requeued = conn.execute(update(jobs_table).where(self._owned(lease, expired_before)).values(
@@ -428,6 +433,12 @@ class JobStore:
                 worker_id=None, enqueued_at=now, updated_at=now,
                 retry_reason=f"attempt {lease.attempt}: {reason}")).rowcount
         return JobState.QUEUED if requeued == 1 else None
+
+    def count_queued(self) -> int:
+        """Jobs waiting for a worker (the API's backpressure limit counts these)."""
+        query = select(func.count()).select_from(jobs_table).where(jobs_table.c.state == JobState.QUEUED.value)
+        with read_transaction(self.engine) as conn:
+            return int(conn.execute(query).scalar_one())
 
     # ---- the reaper side ----------------------------------------------------------------------------------
 
