@@ -103,3 +103,44 @@ class Server:
                 return job
             time.sleep(0.1)
         raise AssertionError(f"job {job_id} still {job and job['status']} after {timeout} s:\n{self.log()}")
+
+
+class ServiceProcess:
+    """One ``mirserve`` process of a scaled-out service (``api`` or ``worker``), with the given ``MIRSERVE_*``
+    settings on top of this environment; its output goes to ``log_path``."""
+
+    def __init__(self, command: list[str], settings: dict[str, object], log_path: Path):
+        self.command = command
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_LOG_LEVEL": "info",
+                    "MIRSERVE_LOG_FORMAT": "text"}
+        self.env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None})
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> "ServiceProcess":
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "app.cli", *self.command], cwd=REPO,
+                                            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode

@@ -4,10 +4,7 @@ releases the leases of those still running after it, so that another worker runs
 """
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.service.conftest import FAKE_ENGINE, make_config, new_job, upgraded_database
-from tests.service.server import REPO
+from tests.service.server import ServiceProcess
 from tests.service.test_api import assert_problem, leftovers, post_model, wait_done
 from worker.jobs.consumer import JobWorker
 from worker.jobs.db import write_transaction
@@ -51,27 +48,12 @@ def test_a_full_queue_refuses_submissions_with_retry_after_and_keeps_nothing(tmp
             worker.stop(timeout=5)
 
 
-class WorkerProcess:
-    """``python -m worker.jobs`` as a real process on the given settings (``MIRSERVE_*``)."""
-
-    def __init__(self, config, log_path, **settings):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_LOG_LEVEL": "info", "MIRSERVE_LOG_FORMAT": "text"}
-        for name in ("data_dir", "database_url", "queue_name", "engine", "lease_seconds", "heartbeat_seconds",
-                     "reaper_interval_seconds", "job_memory_mb", "poll_seconds"):
-            env[f"MIRSERVE_{name.upper()}"] = str(getattr(config, name))
-        env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "worker.jobs"], cwd=REPO, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+def worker_process(config, log_path, **settings) -> ServiceProcess:
+    """``mirserve worker`` as a real process on the test's settings."""
+    shared = {name: getattr(config, name) for name in (
+        "data_dir", "database_url", "queue_name", "engine", "lease_seconds", "heartbeat_seconds",
+        "reaper_interval_seconds", "job_memory_mb", "poll_seconds")}
+    return ServiceProcess(["worker"], {**shared, **settings}, log_path)
 
 
 @pytest.fixture
@@ -81,10 +63,10 @@ def cluster(tmp_path):
     upgraded_database(config.effective_database_url)
     store, queue = JobStore(config.effective_database_url), JobQueue.connect(config)
     files = JobFiles(open_storage(None, config.data_dir))
-    started: list[WorkerProcess] = []
+    started: list[ServiceProcess] = []
 
-    def start(**settings) -> WorkerProcess:
-        worker = WorkerProcess(config, tmp_path / f"worker-{len(started)}.log", **settings)
+    def start(**settings) -> ServiceProcess:
+        worker = worker_process(config, tmp_path / f"worker-{len(started)}.log", **settings)
         started.append(worker)
         return worker
 
@@ -96,13 +78,13 @@ def cluster(tmp_path):
 
     yield store, start, submit
     for worker in started:
-        worker.stop()
+        worker.kill()
     queue.flush()
     queue.close()
     store.dispose()
 
 
-def wait_for(predicate, timeout: float, what: str, worker: WorkerProcess | None = None):
+def wait_for(predicate, timeout: float, what: str, worker: ServiceProcess | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -112,7 +94,7 @@ def wait_for(predicate, timeout: float, what: str, worker: WorkerProcess | None 
     raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f":\n{worker.log()}" if worker else ""))
 
 
-def running(store: JobStore, job_id: str, worker: WorkerProcess):
+def running(store: JobStore, job_id: str, worker: ServiceProcess):
     return wait_for(lambda: (j := store.get(job_id)) and j.child_pid and j.progress_index and j, 60,
                     f"job {job_id} to run", worker)
 
