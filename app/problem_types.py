@@ -46,6 +46,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
         404, "No callback",
         "The job was submitted without a `callback_url`, so there is no notification to report on.",
         "Submit with `callback_url` to be notified when a job ends."),
+    "invalid-archive": ProblemType(
+        422, "Invalid archive",
+        "The upload is a .zip or .tar (optionally gzip) archive that is not one ONNX model with its external data "
+        "files: a member with an absolute path, a `..`, a link, a device or FIFO, a name given twice, an "
+        "encrypted member, too many members, more unpacked bytes than MIRSERVE_MAX_UNPACKED_MB, a member that "
+        "would expand more than 100 times (a compression bomb), or not exactly one `.onnx` member. `member` "
+        "names the member at fault; nothing was kept.",
+        "Pack the model and the files its external data names, side by side, as plain files."),
     "malformed-body": ProblemType(
         400, "Malformed body",
         "The multipart form could not be read: a broken boundary, a part without a name, a field that is not "

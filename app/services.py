@@ -16,9 +16,9 @@ from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobPr
 from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
-from worker.jobs import (CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
-                         JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
-                         check_callback_url, engine_identity, reuse_result)
+from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue,
+                         JobSpec, JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
+                         check_callback_url, check_upload, engine_identity, reuse_result)
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
@@ -132,6 +132,11 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     used for a different request, it is a 422. Whatever is not accepted is removed from the store. A request an
     earlier job already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
     """
+    try:
+        check_archive(services, job_id)
+    except BaseException:
+        services.files.remove_job(job_id)
+        raise
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
                  spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
@@ -179,6 +184,22 @@ def _cached_result(services: Services, new: NewJob) -> Job | None:
     if not reuse_result(services.files, source.id, source.artifact_attempt, new.id):
         return None  # deleted meanwhile: the job runs
     return source
+
+
+def check_archive(services: Services, job_id: str) -> None:
+    """Refuse an archive upload whose members are not a model and its data files (a 422 naming the member).
+
+    Only the member list is read (a zip's central directory, a tar's headers), never the model. With an S3 store
+    the API keeps no local copy: the engine process checks the same list before it unpacks, and a refusal
+    fails the job with the same message.
+    """
+    local = services.files.storage.local_path(services.files.input_key(job_id))
+    if local is None:
+        return
+    try:
+        check_upload(local, services.settings.archive_limits)
+    except ArchiveError as error:
+        raise InvalidRequest("invalid-archive", str(error), field="model", member=error.member) from None
 
 
 def callback(services: Services, job: Job) -> dict[str, Any]:

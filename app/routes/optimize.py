@@ -23,7 +23,9 @@ FORM_SCHEMA = {
         "type": "object",
         "required": ["model"],
         "properties": {
-            "model": {"type": "string", "format": "binary", "description": "the ONNX model file"},
+            "model": {"type": "string", "format": "binary",
+                      "description": "the ONNX model file, or a .zip, .tar or .tar.gz holding one .onnx model "
+                                     "and the files its external data names"},
             "places": {"type": "string", "example": "arm/fp16/nhwc,arm/fp32/nchw",
                        "description": "valid places in priority order, each target/precision/layout "
                                       "(default x86/fp32/nchw)"},

@@ -14,7 +14,7 @@ import time
 from worker.engine.errors import ModelError
 
 
-def scripted(model_path, output_path, options, progress):
+def scripted(model_path, output_path, options, progress, external_data_dir=None):
     """Copy the model through ``passes`` fake passes, then do what ``options["then"]`` says."""
     passes = int(options.get("passes", 3))
     for index in range(passes):

@@ -19,6 +19,7 @@ _EXPORTS = {
     "Job": "store", "JobState": "store", "JobStore": "store", "NewJob": "store", "new_job_id": "store",
     "IdempotencyConflict": "store",
     "SchemaError": "schema",
+    "ArchiveError": "archive", "check_upload": "archive",
     "JobFiles": "files", "artifact_name": "files",
     "ObjectMissing": "storage", "ObjectWriter": "storage", "open_storage": "storage",
     "JobQueue": "queue",
@@ -31,6 +32,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from worker.jobs.archive import ArchiveError, check_upload
     from worker.jobs.cli import add_worker_arguments, run_worker
     from worker.jobs.callbacks import CallbackRefused, CallbackStore, check_callback_url
     from worker.jobs.logs import configure_logging

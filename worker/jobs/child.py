@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from worker.jobs import sandbox
+from worker.jobs import archive, sandbox
 
 #: Exit codes the runner understands; anything else (or a signal) means the process died.
 EXIT_OK, EXIT_JOB_FAILED = 0, 1
@@ -56,7 +56,9 @@ def run(spec: dict[str, Any], progress_pipe: Connection, lifeline: Connection) -
 
     try:
         engine = load_engine(spec["engine"])
-        report = engine(spec["model"], str(attempt_dir / "model.onnx"), spec["options"], progress)
+        model, unpacked = _unpacked(Path(spec["model"]), attempt_dir, spec.get("max_unpacked_bytes"))
+        extra = {"external_data_dir": str(unpacked)} if unpacked is not None else {}
+        report = engine(str(model), str(attempt_dir / "model.onnx"), spec["options"], progress, **extra)
         _write_json(attempt_dir / "report.json", report)
         verdict: dict[str, Any] = {"ok": True, "engine": _engine_identity()}
     except BaseException as error:  # noqa: BLE001 - every failure becomes a verdict the runner can store
@@ -78,6 +80,17 @@ def _engine_identity() -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - not knowing only costs the cache
         traceback.print_exc()
         return None
+
+
+def _unpacked(model: Path, attempt_dir: Path, max_unpacked_bytes: int | None) -> tuple[Path, Path | None]:
+    """The model to optimize and the directory its external data may come from: an archive upload is unpacked
+    here, inside the sandbox, into ``<attempt>/input/`` (the model's own directory there is that directory)."""
+    kind = archive.file_kind(model)
+    if kind is None:
+        return model, None
+    limits = archive.ArchiveLimits(max_unpacked_bytes=max_unpacked_bytes or archive.ArchiveLimits.max_unpacked_bytes)
+    unpacked = archive.extract(model, kind, attempt_dir / "input", limits)
+    return unpacked, unpacked.parent
 
 
 def load_engine(reference: str) -> Callable[..., dict]:

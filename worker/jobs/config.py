@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Mapping, TypeVar
+from typing import TYPE_CHECKING, Literal, Mapping, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from worker.jobs.archive import ArchiveLimits
 
 DEFAULT_ENGINE = "worker.jobs.engine:run_optimize"
 
@@ -47,6 +50,8 @@ class JobSettings(BaseSettings):
                                           "the queue at once")
     cache: bool = Field(True, description="a job whose model, places and options an earlier job already "
                         "optimized with the same engine reuses that result; false: every job runs")
+    max_unpacked_mb: int = Field(4096, ge=1, description="bytes an archive upload may unpack to, all members "
+                                 "together")
     warm_engines: bool = Field(True, description="fork each job's engine process from a server that has imported "
                                "the engine; false: a fresh interpreter per job")
 
@@ -85,6 +90,12 @@ class JobSettings(BaseSettings):
             raise ValueError(f"MIRSERVE_HEARTBEAT_SECONDS ({self.heartbeat_seconds}) must be smaller than "
                              f"MIRSERVE_LEASE_SECONDS ({self.lease_seconds}), or every running job would be reaped")
         return self
+
+    @property
+    def archive_limits(self) -> "ArchiveLimits":
+        from worker.jobs.archive import ArchiveLimits
+
+        return ArchiveLimits(max_unpacked_bytes=self.max_unpacked_mb << 20)
 
     @property
     def effective_database_url(self) -> str:

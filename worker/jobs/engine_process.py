@@ -35,6 +35,8 @@ class ChildSpec:
     nice: int
     #: The service's data directory: the engine process may not read it, but for its input and attempt.
     data_dir: str
+    #: What an archive upload may unpack to (``worker.jobs.archive``).
+    max_unpacked_bytes: int = 4 << 30
 
 
 def prepare(engine: str, warm: bool = True) -> None:

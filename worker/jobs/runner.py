@@ -112,7 +112,8 @@ class JobRunner:
             return JobState.FAILED if failed else None
         spec = ChildSpec(engine=self.config.engine, model=str(model), attempt_dir=str(attempt_dir),
                          options=job.spec.engine_options(), memory_bytes=self.config.job_memory_mb << 20,
-                         nice=self.config.job_nice, data_dir=str(self.config.data_dir))
+                         nice=self.config.job_nice, data_dir=str(self.config.data_dir),
+                         max_unpacked_bytes=self.config.archive_limits.max_unpacked_bytes)
         process = EngineProcess(spec, warm=self.config.warm_engines)
         with self._lock:
             self._active[job.id] = process
