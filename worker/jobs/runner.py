@@ -79,7 +79,7 @@ class JobRunner:
 
     def stop(self) -> None:
         """Claim no more jobs and abort every running attempt, releasing its lease: its job goes back to the
-        queue at once, for another worker, and the attempt does not count against the job's maximum."""
+        queue at once, for another worker, and is not failed even when its attempts are spent."""
         self._draining.set()
         self._stopping.set()
 
