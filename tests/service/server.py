@@ -23,14 +23,19 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``mirserve serve`` (API + embedded worker) on a free port with its own data directory."""
+    """One ``mirserve serve`` (API + embedded worker) on a free port with its own data directory.
+
+    Its result cache is off unless a test sets ``cache``: the tests that share a server submit the same model
+    and options again and again, and each needs a job that runs (``tests/service/test_result_cache.py`` tests
+    the cache).
+    """
 
     def __init__(self, data_dir: Path, command: str = "serve", **settings):
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(self.data_dir),
-                    "MIRSERVE_PORT": str(self.port), "MIRSERVE_LOG_LEVEL": "warning"}
+                    "MIRSERVE_PORT": str(self.port), "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_CACHE": "0"}
         self.env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
         self.command = command
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{command}.log"
