@@ -54,6 +54,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
         "would expand more than 100 times (a compression bomb), or not exactly one `.onnx` member. `member` "
         "names the member at fault; nothing was kept.",
         "Pack the model and the files its external data names, side by side, as plain files."),
+    "range-not-satisfiable": ProblemType(
+        416, "Range not satisfiable",
+        "The `Range` header of a download starts at or beyond the end of the file; `Content-Range: bytes */N` "
+        "gives its size. A resumed download whose part is already whole, or belongs to another file, gets this.",
+        "Start the download again without `Range` (or from a byte below the size)."),
     "malformed-body": ProblemType(
         400, "Malformed body",
         "The multipart form could not be read: a broken boundary, a part without a name, a field that is not "

@@ -155,6 +155,7 @@ _DESCRIPTIONS = {
     409: "The job is not in a state that allows this (e.g. no artifact before it succeeded).",
     413: "The upload (or a form field) is larger than the configured limit; nothing was kept.",
     415: "The request body is not multipart/form-data.",
+    416: "The Range asked for lies beyond the end; Content-Range gives the size.",
     422: "A request field is invalid; `field` names it.",
     500: "An error of the server.",
     503: "A dependency (database, storage, queue or workers) is unavailable.",

@@ -28,6 +28,8 @@ class JobArtifact(BaseModel):
     data_url: str | None = Field(None, description="a model over 2 GB keeps its weights in a second file: "
                                                    "save it beside the model under the name its "
                                                    "Content-Disposition gives")
+    archive_url: str | None = Field(None, description="the model and its external data (if any) as one tar, "
+                                                      "resumable with Range")
 
 
 class JobError(BaseModel):

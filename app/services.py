@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
@@ -27,6 +28,7 @@ QUEUE_FULL_RETRY_SECONDS = 10
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
+DOWNLOAD_CHUNK = 1 << 20
 
 
 @dataclass
@@ -45,12 +47,14 @@ class Services:
 
 @dataclass
 class Download:
-    """How to hand a stored file to a client: a local file, a stream from the store, or a redirect to it."""
+    """How to hand a stored file to a client: any byte range of it (from its local file or the store), or a
+    redirect to the store."""
 
     filename: str
     size: int | None = None
     path: Path | None = None
-    chunks: Iterator[bytes] | None = None
+    #: ``read(start, end)``: the bytes [start, end) of an object streamed from the store.
+    read: Reader | None = None
     redirect: str | None = None
 
 
@@ -240,7 +244,8 @@ def job_out(job: Job) -> JobOut:
     if job.state is JobState.SUCCEEDED and job.artifact_sha256:
         external = bool((job.summary or {}).get("external_data"))
         artifact = JobArtifact(bytes=job.artifact_bytes or 0, sha256=job.artifact_sha256, url=f"{base}/artifact",
-                               data_url=f"{base}/artifact/data" if external else None)
+                               data_url=f"{base}/artifact/data" if external else None,
+                               archive_url=f"{base}/artifact/archive")
     error = JobError(type=job.error_type, message=job.error_message or "",
                      field=job.error_field) if job.error_type else None
     return JobOut(
@@ -264,17 +269,68 @@ def artifact(services: Services, job: Job, *, data: bool = False) -> Download:
     filename = "model.onnx.data" if data else artifact_name(job.input_filename)
     try:
         local = storage.local_path(key)
-        if local is not None:
-            return Download(filename, local.stat().st_size, path=local)
-        if services.settings.storage_redirect and storage.exists(key):
+        if local is None and services.settings.storage_redirect and storage.exists(key):
             return Download(filename, redirect=storage.presign(key, filename, PRESIGN_SECONDS))
-        found = storage.open(key)
-        return Download(filename, found.size, chunks=found.chunks)
+        size, read = _stored_reader(storage, key)
+        return Download(filename, size, path=local, read=read)
     except FileNotFoundError:  # ObjectMissing included
         if data:
             raise NotFound("no-external-data", "the job's model keeps its weights inside the model file; it has "
                            "no external data", job_id=job.id) from None
         raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+
+
+def artifact_archive(services: Services, job: Job) -> tuple[TarOfFiles, str]:
+    """The optimized model and its external data (when it has some) as one tar, and the tar's file name: the
+    members keep the names the model refers to, so unpacking it gives a model that loads."""
+    _require_succeeded(job, "artifact")
+    files, storage = services.files, services.files.storage
+    model_key = files.artifact_key(job.id, job.artifact_attempt)
+    data_key = files.artifact_data_key(job.id, job.artifact_attempt)
+    name = artifact_name(job.input_filename)
+    try:
+        members = [_tar_member(storage, model_key, name)]
+        if storage.exists(data_key):
+            members.append(_tar_member(storage, data_key, "model.onnx.data"))
+    except FileNotFoundError:  # ObjectMissing included
+        raise NotFound("artifact-missing", "the job's artifact is missing from storage", job_id=job.id) from None
+    finished = int(job.finished_at.timestamp()) if job.finished_at else 0
+    return TarOfFiles(members, mtime=finished), name.removesuffix(".onnx") + ".tar"
+
+
+def _tar_member(storage, key: str, name: str) -> TarMember:
+    size, read = _stored_reader(storage, key)
+    return TarMember(name, size, lambda offset: read(offset, size))
+
+
+def _stored_reader(storage, key: str) -> tuple[int, Reader]:
+    """An object's size and a reader of any range of it: from its file, or from the store by ranged reads."""
+    local = storage.local_path(key)
+    if local is not None:
+        return local.stat().st_size, lambda start, end: _bounded(_file_chunks(local, start), end - start)
+    opened = [storage.open(key)]  # its size now; its stream serves a read from the start
+
+    def read(start: int, end: int) -> Iterator[bytes]:
+        found = opened.pop() if opened and start == 0 else storage.open(key, start)
+        return _bounded(found.chunks, end - start)
+    return opened[0].size, read
+
+
+def _bounded(chunks: Iterator[bytes], length: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if len(chunk) >= length:
+            if length:
+                yield chunk[:length]
+            return
+        yield chunk
+        length -= len(chunk)
+
+
+def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
 
 
 def report(services: Services, job: Job) -> Report:

@@ -60,6 +60,22 @@ def model_id(path: Path) -> str:
     return Path(path).stem
 
 
+def _names_a_real_model(value) -> bool:
+    if isinstance(value, Path):
+        return value.suffix == ".onnx" and value.parent in (CORPUS, LIGHT)
+    return isinstance(value, str) and (value in CORPUS_SHAPES or value in LIGHT_MODELS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name) runs real
+    models: it gets the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test
+    having to remember the mark."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec and any(_names_a_real_model(v) for v in callspec.params.values()):
+            item.add_marker(pytest.mark.models)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _corpus_present():
     missing = [p for p in corpus_models() if not p.exists()]

@@ -184,14 +184,19 @@ class AsyncJob(JobFields):
     async def delete(self) -> None:
         await self.client.delete(self.id)
 
-    async def download(self, path: str | Path) -> Path:
+    async def download(self, path: str | Path, *, archive: bool = False) -> Path:
         """Save the optimized model at ``path``: streamed, resumed with Range after a broken connection (or
         an earlier interrupted call), and checked against the job's sha256 and ETag before it is moved into
-        place. A model over 2 GB also gets its weights file, beside it under the name the model refers to."""
+        place. A model over 2 GB also gets its weights file, beside it under the name the model refers to.
+        With ``archive``, ``path`` gets one tar of the model and its external data instead (resumed with Range
+        after a broken connection within the call)."""
         artifact = self.artifact or (await self.refresh()).artifact
         if artifact is None:
             raise Conflict(409, {"detail": f"job {self.id} is {self.status}; it has an artifact only once it has "
                                            f"succeeded", "job_status": self.status})
+        if archive:
+            url = artifact.get("archive_url") or artifact["url"] + "/archive"
+            return await self._fetch(url, Download(Path(path), None, None, etag=f'"{artifact["sha256"]}.tar"'))
         download = Download(Path(path), artifact["sha256"], artifact["bytes"], etag=f'"{artifact["sha256"]}"')
         await self._fetch(artifact["url"], download)
         if artifact.get("data_url"):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, StreamingResponse
@@ -10,6 +9,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Stre
 from app import pictures
 from app import services as jobs
 from app.deps import JobDep, ServicesDep
+from app.downloads import attachment, ranged
 from app.problems import problem_responses
 from app.schemas import CallbackOut, JobOut, JobPage, JobStatus, TraceEntry
 from worker.jobs import JobState
@@ -38,6 +38,13 @@ async def get_job(job: JobDep, response: Response):  # the job is loaded in the 
     return jobs.job_out(job)
 
 
+PARTIAL_RESPONSE = {206: {"description": "The byte range asked for with Range (Content-Range says which).",
+                          "headers": {"Content-Range": {"schema": {"type": "string"}}}}}
+RangeHeader = Annotated[str | None, Header(alias="Range", description="bytes=START- (or START-END, -N) to "
+                                                                         "resume a download")]
+IfRangeHeader = Annotated[str | None, Header(alias="If-Range", description="the ETag the part already "
+                                                                             "downloaded had: a Range is served "
+                                                                             "only if it still matches")]
 REDIRECT_RESPONSE = {307: {"description": "With MIRSERVE_STORAGE_REDIRECT=1 and an S3 store: download from the "
                                           "presigned URL in Location (valid for a few minutes).",
                            "headers": {"Location": {"schema": {"type": "string"}}}}}
@@ -48,42 +55,50 @@ REDIRECT_RESPONSE = {307: {"description": "With MIRSERVE_STORAGE_REDIRECT=1 and 
                              "description": "The optimized model.",
                              "headers": {"ETag": {"schema": {"type": "string"}}}},
                        304: {"description": "Not modified: the artifact still has the ETag given in If-None-Match."},
-                       **REDIRECT_RESPONSE, **problem_responses(404, 409)})
+                       **PARTIAL_RESPONSE, **REDIRECT_RESPONSE, **problem_responses(404, 409, 416)})
 def get_artifact(job: JobDep, services: ServicesDep,
-                 if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None):
-    """The optimized model, with a strong ETag (its sha256); 409 until the job has succeeded."""
+                 if_none_match: Annotated[str | None, Header(alias="If-None-Match")] = None,
+                 range_: RangeHeader = None, if_range: IfRangeHeader = None):
+    """The optimized model, with a strong ETag (its sha256); 409 until the job has succeeded. Resumable with
+    `Range` (and `If-Range` on the ETag)."""
     etag = f'"{job.artifact_sha256}"'
     if job.state is JobState.SUCCEEDED and if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
-    return _send(jobs.artifact(services, job), {"ETag": etag})
+    return _send(jobs.artifact(services, job), etag, range_, if_range)
 
 
 @router.get("/{job_id}/artifact/data", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
                              "description": "The external weights of a model over 2 GB."},
-                       **REDIRECT_RESPONSE, **problem_responses(404, 409)})
-def get_artifact_data(job: JobDep, services: ServicesDep):
+                       **PARTIAL_RESPONSE, **REDIRECT_RESPONSE, **problem_responses(404, 409, 416)})
+def get_artifact_data(job: JobDep, services: ServicesDep, range_: RangeHeader = None,
+                      if_range: IfRangeHeader = None):
     """The weights of a model too big for one protobuf (over 2 GB), which the model names as
     `model.onnx.data`: save this file under that name beside the downloaded model. 404 when the model keeps
-    its weights inside."""
-    return _send(jobs.artifact(services, job, data=True), {})
+    its weights inside. Resumable with `Range` (its ETag is the model's sha256 with `.data`)."""
+    return _send(jobs.artifact(services, job, data=True), f'"{job.artifact_sha256}.data"', range_, if_range)
 
 
-def _send(download: jobs.Download, headers: dict[str, str]) -> Response:
-    """A local file with sendfile, a stream from the store, or a redirect to it."""
+@router.get("/{job_id}/artifact/archive", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The optimized model and its external data as one tar.",
+                             "headers": {"ETag": {"schema": {"type": "string"}},
+                                         "Accept-Ranges": {"schema": {"type": "string"}}}},
+                       **PARTIAL_RESPONSE, **problem_responses(404, 409, 416)})
+def get_artifact_archive(job: JobDep, services: ServicesDep, range_: RangeHeader = None,
+                         if_range: IfRangeHeader = None):
+    """The optimized model with its external data (when it has some) as one uncompressed tar whose members
+    keep the names the model refers to; resumable with `Range` (and `If-Range` on its ETag)."""
+    archive, filename = jobs.artifact_archive(services, job)
+    return ranged(archive.size, archive.read, f'"{job.artifact_sha256}.tar"', filename, "application/x-tar",
+                  range_, if_range)
+
+
+def _send(download: jobs.Download, etag: str, range_: str | None, if_range: str | None) -> Response:
+    """The file, or the one byte range asked for, or a redirect to the store (which answers Range itself)."""
     if download.redirect is not None:
-        return RedirectResponse(download.redirect, status_code=307, headers=headers)
-    if download.path is not None:
-        return FileResponse(download.path, media_type=ONNX_MEDIA_TYPE, filename=download.filename, headers=headers)
-    headers = {**headers, "Content-Length": str(download.size),
-               "Content-Disposition": _attachment(download.filename)}
-    return StreamingResponse(download.chunks, media_type=ONNX_MEDIA_TYPE, headers=headers)
-
-
-def _attachment(filename: str) -> str:
-    """The Content-Disposition FileResponse would send for this name (RFC 6266, RFC 5987 beyond ASCII)."""
-    quoted = quote(filename)
-    return f"attachment; filename*=utf-8''{quoted}" if quoted != filename else f'attachment; filename="{filename}"'
+        return RedirectResponse(download.redirect, status_code=307, headers={"ETag": etag})
+    return ranged(download.size, download.read, etag, download.filename, ONNX_MEDIA_TYPE, range_, if_range)
 
 
 def _matches(if_none_match: str, etag: str) -> bool:

@@ -78,6 +78,26 @@ def test_submit_wait_and_a_download_that_resumes(service, model_file, tmp_path):
     asyncio.run(scenario())
 
 
+def test_the_archive_download_resumes_after_a_break(service, model_file, tmp_path):
+    import io
+    import tarfile
+
+    faults = AsyncFaults()
+
+    async def scenario():
+        async with AsyncClient(service.url, retry=FAST, transport=faults) as client:
+            job = await (await client.submit(model_file)).wait(poll_interval=0.05)
+            path = f"/jobs/{job.id}/artifact/archive"
+            faults.cut[path] = 30_000
+            out = await job.download(tmp_path / "out.tar", archive=True)
+            ranges = [r.headers.get("range") for r in faults.sent if r.url.path == path]
+            assert ranges == [None, "bytes=30000-"]
+            with tarfile.open(fileobj=io.BytesIO(out.read_bytes())) as unpacked:
+                assert [unpacked.extractfile(m).read() for m in unpacked.getmembers()] == [MODEL_BYTES]
+
+    asyncio.run(scenario())
+
+
 def test_problems_and_failed_jobs_raise_the_same_errors(service, model_file):
     with Client(service.url) as sync_client, service.scripted(sync_client, model_file, then="fail") as failing:
         pass

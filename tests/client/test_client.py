@@ -237,6 +237,22 @@ def test_a_model_over_2_gb_comes_with_its_weights_file(client, service, model_fi
     assert (tmp_path / "model.onnx.data").read_bytes() == b"weights" * 100
 
 
+def test_a_model_with_external_data_downloads_as_one_archive_resumed_after_a_break(client, faults, service,
+                                                                                   model_file, tmp_path):
+    import tarfile
+
+    with service.scripted(client, model_file, external_data=True) as job:
+        job.wait(poll_interval=0.05)
+    path = f"/jobs/{job.id}/artifact/archive"
+    faults.cut[path] = 70_000  # inside the model member
+    out = job.download(tmp_path / "big.tar", archive=True)
+    gets = [r for r in faults.sent if r.url.path == path]
+    assert gets[1].headers["range"] == "bytes=70000-" and gets[1].headers["if-range"] == f'"{job.artifact["sha256"]}.tar"'
+    with tarfile.open(out) as unpacked:
+        found = {m.name: unpacked.extractfile(m).read() for m in unpacked.getmembers()}
+    assert found == {f"{model_file.stem}.opt.onnx": MODEL_BYTES, "model.onnx.data": b"weights" * 100}
+
+
 def test_jobs_are_listed_newest_first_and_paged(client, model_file):
     made = [client.submit(model_file).id for _ in range(3)]
     page = client.list_jobs(limit=2)

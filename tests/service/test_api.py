@@ -381,6 +381,14 @@ def test_with_an_s3_store_uploads_artifacts_and_reports_live_in_the_bucket(tmp_p
             answer = httpx.get(answer.headers["location"])
         assert answer.status_code == 200 and answer.content == model
         assert 'filename="det.opt.onnx"' in answer.headers["content-disposition"]
+        etag = f'"{job["artifact"]["sha256"]}"'
+        part = client.get(job["links"]["artifact"], headers={"Range": "bytes=5000000-", "If-Range": etag},
+                          follow_redirects=False)
+        if redirect:  # the store answers the Range at the presigned URL
+            part = httpx.get(part.headers["location"], headers={"Range": "bytes=5000000-"})
+        assert part.status_code == 206 and part.content == model[5000000:]
+        archive = client.get(job["artifact"]["archive_url"], headers={"Range": "bytes=512-"})  # after the header
+        assert archive.status_code == 206 and archive.content.startswith(model)
         assert client.get(job["links"]["trace"]).json()[0]["pass"] == "fake_pass_1"
         assert client.delete(f"/jobs/{job['id']}").status_code == 204
         assert boto3.client("s3").list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0

@@ -72,22 +72,19 @@ class S3Storage(Storage):
             raise ObjectTooLarge(f"{key} is larger than {limit} bytes")
         return b"".join(found.chunks)
 
-    def open(self, key: str) -> StoredObject:
+    def open(self, key: str, start: int = 0) -> StoredObject:
         from botocore.exceptions import ClientError
 
+        ranged = {"Range": f"bytes={start}-"} if start else {}
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.key(key), **ranged)
         except ClientError as error:
             raise _missing(error, key)
         body = answer["Body"]
+        if start:  # Content-Range: bytes START-END/SIZE
+            return StoredObject(int(answer["ContentRange"].rpartition("/")[2]), _body_chunks(body))
 
-        def chunks():
-            try:
-                yield from body.iter_chunks(STREAM_CHUNK)
-            finally:
-                body.close()
-
-        return StoredObject(int(answer["ContentLength"]), chunks())
+        return StoredObject(int(answer["ContentLength"]), _body_chunks(body))
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
@@ -218,3 +215,10 @@ def _missing(error, key: str) -> Exception:
     if _status(error) == 404 or error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
         return ObjectMissing(key)
     return error
+
+
+def _body_chunks(body):
+    try:
+        yield from body.iter_chunks(STREAM_CHUNK)
+    finally:
+        body.close()

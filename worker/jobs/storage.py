@@ -89,8 +89,9 @@ class Storage(ABC):
         """The whole object; ObjectTooLarge beyond ``limit`` bytes."""
 
     @abstractmethod
-    def open(self, key: str) -> StoredObject:
-        """The object for streaming (downloads)."""
+    def open(self, key: str, start: int = 0) -> StoredObject:
+        """The object for streaming (downloads): its whole size, and its bytes from ``start`` on (a resumed
+        download's Range)."""
 
     def local_path(self, key: str) -> Path | None:
         """The object's file when the store is a local directory (no copy needed), else None."""
@@ -182,11 +183,12 @@ class LocalStorage(Storage):
             raise ObjectTooLarge(f"{key} is larger than {limit} bytes")
         return data
 
-    def open(self, key: str) -> StoredObject:
+    def open(self, key: str, start: int = 0) -> StoredObject:
         try:
             stream = open(self.path(key), "rb")
         except FileNotFoundError:
             raise ObjectMissing(key) from None
+        stream.seek(start)
         return StoredObject(os.fstat(stream.fileno()).st_size, _chunks(stream))
 
     def local_path(self, key: str) -> Path | None:
