@@ -6,6 +6,7 @@
   ``python -m worker.jobs``).
 - ``mirserve db upgrade|downgrade|current``: the job tables' schema (``api`` and ``worker`` refuse a database
   that is not at their revision; ``serve`` upgrades its SQLite database itself).
+- ``mirserve keys create|list|revoke``: the API keys clients send as ``Authorization: Bearer``.
 - ``mirserve openapi``: print or write the OpenAPI document.
 
 The engine's parser is extended here because the engine never imports the service.
@@ -13,14 +14,16 @@ The engine's parser is extended here because the engine never imports the servic
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Sequence
 
 from worker.engine.api import add_plugin_argument, build_parser, run_cli
-from worker.jobs import (JobSettings, JobStore, SchemaError, WorkerSupervisor, add_worker_arguments,
-                         configure_logging, load_settings, run_worker)
+from worker.jobs import (JobSettings, JobStore, KeyRefused, KeyStore, SchemaError, WorkerSupervisor,
+                         add_worker_arguments, configure_logging, load_settings, run_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,17 +61,93 @@ def add_service_commands(commands) -> None:
     downgrade.add_argument("revision")
     actions.add_parser("current", help="print the database's revision and this version's")
     cmd.set_defaults(func=run_db)
+    add_keys_command(commands)
     cmd = commands.add_parser("openapi", help="print the service's OpenAPI document")
     cmd.add_argument("-o", "--output", help="write it to this file instead")
     cmd.set_defaults(func=run_openapi)
+
+
+def add_keys_command(commands) -> None:
+    cmd = commands.add_parser("keys", help="make, list or revoke the service's API keys",
+                              description="API keys for the service (MIRSERVE_AUTH=keys, the default): clients "
+                              "send one as 'Authorization: Bearer <key>'. A user key sees only its owner's jobs; "
+                              "an admin key sees every job. Keys live in the job database (MIRSERVE_DATABASE_URL, "
+                              "or SQLite in the data directory).")
+    cmd.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
+    actions = cmd.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="make a key and print it (once: only its hash is kept)")
+    create.add_argument("--owner", required=True, help="whose jobs the key's requests make and see")
+    create.add_argument("--role", choices=("user", "admin"), default="user", help="default: %(default)s")
+    create.add_argument("--expires", metavar="WHEN", help="when the key stops working: a duration (30d, 12h, "
+                        "90m) or an ISO 8601 time (2027-01-31, 2027-01-31T12:00:00+00:00); default: never")
+    listing = actions.add_parser("list", help="every key: id, owner, role, created, expires, revoked")
+    listing.add_argument("--owner", help="only this owner's keys")
+    revoke = actions.add_parser("revoke", help="make a key stop working at once")
+    revoke.add_argument("key_id", metavar="ID", help="the key's id (the part after msk_; `keys list` shows it)")
+    cmd.set_defaults(func=run_keys)
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    settings = load_settings(JobSettings, {"MIRSERVE_DATA_DIR": args.data_dir})
+    store = JobStore(settings.effective_database_url)
+    try:
+        if settings.effective_database_url.startswith("sqlite"):  # as `serve` does with its own database
+            store.upgrade_schema()
+        store.check_schema()
+        keys = KeyStore(store)
+        if args.action == "create":
+            key, token = keys.create(args.owner, args.role, _expiry(args.expires))
+            print(token)
+            expires = key.expires_at.isoformat(timespec="seconds") if key.expires_at else "never"
+            print(f"made {key.role} key {key.id} for {key.owner} (expires: {expires}); this is the only time the "
+                  "key is shown: give it to its owner now", file=sys.stderr)
+        elif args.action == "list":
+            print(f"{'id':<16}  {'owner':<24} {'role':<5}  {'created':<20} {'expires':<20} revoked")
+            for key in keys.list(args.owner):
+                print(f"{key.id:<16}  {key.owner:<24} {key.role.value:<5}  {_when(key.created_at):<20} "
+                      f"{_when(key.expires_at):<20} {_when(key.revoked_at)}")
+        else:
+            key = keys.revoke(args.key_id)
+            print(f"key {key.id} of {key.owner} is revoked (since {_when(key.revoked_at)})")
+    except (SchemaError, KeyRefused) as error:
+        raise SystemExit(f"mirserve: error: {error}") from None
+    finally:
+        store.dispose()
+    return 0
+
+
+def _expiry(text: str | None) -> datetime | None:
+    """``--expires``: a duration from now (``30d``, ``12h``, ``90m``) or an ISO 8601 time (UTC if no zone)."""
+    if text is None:
+        return None
+    duration = re.fullmatch(r"\s*(\d+)\s*([dhm])\s*", text)
+    if duration:
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[duration[2]]
+        return datetime.now(timezone.utc) + timedelta(**{unit: int(duration[1])})
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise SystemExit(f"mirserve: error: --expires {text!r} is neither a duration (30d, 12h, 90m) nor an ISO "
+                         "8601 time (2027-01-31T12:00:00+00:00)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ") if moment else "-"
 
 
 def _settings(args: argparse.Namespace):
     """The API's settings from the environment and the command's overrides (exported for the worker too)."""
     from app.settings import Settings
 
+    from app.auth import InsecureBind, check_exposure
+
     settings = load_settings(Settings, {"MIRSERVE_DATA_DIR": args.data_dir, "MIRSERVE_HOST": args.host,
                                         "MIRSERVE_PORT": args.port})
+    try:
+        check_exposure(settings)
+    except InsecureBind as error:
+        raise SystemExit(f"mirserve: error: {error}") from None
     configure_logging(settings.log_level, settings.log_format)
     return settings
 
@@ -82,9 +161,11 @@ def _serve_api(settings) -> int:
 
     from app.main import create_app
 
+    from app.auth import InsecureBind
+
     try:
         app = create_app(settings)
-    except SchemaError as error:
+    except (SchemaError, InsecureBind) as error:
         raise SystemExit(f"mirserve: error: {error}") from None
     # log_config=None: uvicorn's records (the access log at info among them) go through our JSON handler.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from app.auth import authenticate, check_exposure
 from app.metrics import Metrics, MetricsMiddleware
 from app.openapi import install_openapi
-from app.problems import install_problem_handlers
+from app.problems import install_problem_handlers, problem_responses
 from app.routes import catalog, health, jobs, optimize, pictures
 from app.web.routes import install_web
 from app.services import Services
@@ -33,6 +34,7 @@ def build_services(settings: Settings) -> Services:
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     settings = settings or Settings()
+    check_exposure(settings)
     services = services or build_services(settings)
 
     @asynccontextmanager
@@ -45,8 +47,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
                   docs_url=None, redoc_url=None)
     app.state.services = services
     install_problem_handlers(app)
-    for module in (optimize, jobs, pictures, catalog, health):
-        app.include_router(module.router)
+    for module in (optimize, jobs, pictures, catalog):  # every route of these needs a key (app.auth)
+        app.include_router(module.router, dependencies=[Depends(authenticate)], responses=problem_responses(401))
+    app.include_router(health.router)
     install_web(app)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     install_openapi(app)

@@ -41,6 +41,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["422"] = problem_responses(422)[422]
             for status, entry in problem_responses().items():
                 responses.setdefault(str(status), entry)
+            operation["responses"] = dict(sorted(responses.items()))  # router-wide entries come first otherwise
     return schema
 
 

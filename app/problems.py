@@ -151,12 +151,14 @@ def install_problem_handlers(app: FastAPI) -> None:
 _DESCRIPTIONS = {
     304: "Not modified: the artifact still has the ETag given in If-None-Match.",
     400: "Malformed request body.",
+    401: "No API key, or one that is not valid, expired or revoked (send `Authorization: Bearer <key>`).",
     404: "No such job (or no such data for it).",
     409: "The job is not in a state that allows this (e.g. no artifact before it succeeded).",
     413: "The upload (or a form field) is larger than the configured limit; nothing was kept.",
     415: "The request body is not multipart/form-data.",
     416: "The Range asked for lies beyond the end; Content-Range gives the size.",
     422: "A request field is invalid; `field` names it.",
+    429: "A quota or rate limit of your account is reached; `limit` names it, Retry-After says when to try again.",
     500: "An error of the server.",
     503: "A dependency (database, storage, queue or workers) is unavailable.",
 }

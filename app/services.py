@@ -5,10 +5,12 @@ event loop. Failures are ``app.errors`` exceptions, which ``app.problems`` answe
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
@@ -18,8 +20,11 @@ from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
 from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue,
-                         JobSpec, JobState, JobStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
+                         JobSpec, JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
                          check_callback_url, check_upload, engine_identity, reuse_result)
+
+if TYPE_CHECKING:
+    from app.auth import Principal
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
@@ -38,6 +43,10 @@ class Services:
     files: JobFiles
     queue: JobQueue
     metrics: Metrics
+
+    @cached_property
+    def keys(self) -> KeyStore:
+        return KeyStore(self.store)
 
     def close(self) -> None:
         self.queue.close()
@@ -84,9 +93,10 @@ def _options_object(text: str | None) -> dict[str, Any]:
     return value
 
 
-def get_job(services: Services, job_id: str) -> Job:
+def get_job(services: Services, job_id: str, viewer: Principal | None = None) -> Job:
+    """The job, if ``viewer`` may see it: another owner's job is as missing as one that does not exist."""
     job = services.store.get(job_id)
-    if job is None:
+    if job is None or (viewer is not None and not viewer.may_see(job)):
         raise NotFound("job-not-found", f"there is no job {job_id!r}", field="job_id")
     return job
 
@@ -129,12 +139,13 @@ def parse_callback(fields: Mapping[str, str], settings: Settings) -> str | None:
 
 
 def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idempotency_key: str | None,
-           callback_url: str | None = None) -> tuple[Job, bool]:
+           callback_url: str | None = None, owner: str | None = None) -> tuple[Job, bool]:
     """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
-    used for a different request, it is a 422. Whatever is not accepted is removed from the store. A request an
-    earlier job already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
+    used for a different request, it is a 422. Whatever is not accepted is removed from the store. Idempotency
+    keys are each owner's own: two owners using the same key never meet. A request an earlier job of the same
+    owner already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
     """
     try:
         check_archive(services, job_id)
@@ -143,8 +154,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
         raise
     fingerprint = spec.fingerprint(upload.sha256)
     new = NewJob(id=job_id, input_filename=upload.filename, input_bytes=upload.bytes, input_sha256=upload.sha256,
-                 spec=spec, max_attempts=services.settings.max_attempts, idempotency_key=idempotency_key,
-                 request_fingerprint=fingerprint)
+                 spec=spec, max_attempts=services.settings.max_attempts,
+                 idempotency_key=_owned_key(owner, idempotency_key), request_fingerprint=fingerprint, owner=owner)
     try:
         source = _cached_result(services, new)
         job = services.store.create(new, cached=source)
@@ -174,20 +185,29 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
 
 
 def _cached_result(services: Services, new: NewJob) -> Job | None:
-    """The succeeded job whose result the new job reuses, with its outputs already copied to the new job's;
-    None when caching is off for the job or the deployment, or no such result (still) exists."""
+    """The succeeded job of the same owner whose result the new job reuses, with its outputs already copied to
+    the new job's; None when caching is off for the job or the deployment, or no such result (still) exists.
+    Owners never share results: a hit would tell one that another submitted the same model."""
     if not (services.settings.cache and new.spec.cache):
         return None
     try:
         key = cache_key(new.input_sha256, new.spec, engine_identity())
     except Exception:  # noqa: BLE001 - an engine that cannot tell what it is runs the job instead
         return None
-    source = services.store.find_cached(key)
+    source = services.store.find_cached(key, owner=new.owner)
     if source is None or source.artifact_attempt is None:
         return None
     if not reuse_result(services.files, source.id, source.artifact_attempt, new.id):
         return None  # deleted meanwhile: the job runs
     return source
+
+
+def _owned_key(owner: str | None, key: str | None) -> str | None:
+    """The Idempotency-Key as stored: the owner's namespace (a digest, to stay within the column) or, without
+    owners, the key itself."""
+    if key is None or owner is None:
+        return key
+    return hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
 
 
 def check_archive(services: Services, job_id: str) -> None:

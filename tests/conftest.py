@@ -11,6 +11,9 @@ import pytest
 # The suite runs strict: a pass that raises fails the run instead of being undone with a warning, so that no
 # bug hides behind the fail-soft default. Tests of that default ask for strict=False themselves.
 os.environ.setdefault("MIRSERVE_STRICT", "1")
+# The service's tests run it as a local `mirserve serve` without API keys, which sees every job; the auth tests
+# (tests/service/test_auth.py) ask for MIRSERVE_AUTH=keys themselves.
+os.environ.setdefault("MIRSERVE_AUTH", "none")
 
 
 def _find_corpus() -> Path:

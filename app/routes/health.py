@@ -1,10 +1,11 @@
 """``/healthz`` (the process answers), ``/readyz`` (it can do work), ``/metrics`` (Prometheus text)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
 from app import services as jobs
+from app.auth import authenticate_metrics
 from app.deps import ServicesDep
 from app.problems import problem_response, problem_responses
 from app.schemas import Liveness, Readiness
@@ -34,12 +35,13 @@ def readyz(request: Request, services: ServicesDep):
                             plugins=plugins, headers={"Retry-After": "5"})
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(authenticate_metrics)],
             responses={200: {"content": {PROMETHEUS_MEDIA_TYPE: {"schema": {"type": "string"}}},
                              "description": "Prometheus text exposition format 0.0.4."},
-                       **problem_responses()})
+                       **problem_responses(401)})
 def metrics(services: ServicesDep):
-    """Request counts and latencies, jobs by status, queue length, live workers."""
+    """Request counts and latencies, jobs by status, queue length, live workers. An API key is needed only
+    where the operator set MIRSERVE_METRICS_AUTH=1."""
     text = services.metrics.render(lambda: _gauges(services))
     return PlainTextResponse(text, media_type=PROMETHEUS_MEDIA_TYPE)
 

@@ -8,6 +8,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Stre
 
 from app import pictures
 from app import services as jobs
+from app.auth import PrincipalDep
 from app.deps import JobDep, ServicesDep
 from app.downloads import attachment, ranged
 from app.problems import problem_responses
@@ -20,11 +21,12 @@ MAX_OFFSET = 1_000_000_000  # keeps OFFSET within the databases' 64-bit integers
 
 
 @router.get("", response_model=JobPage, responses=problem_responses(422))
-def list_jobs(services: ServicesDep, status: JobStatus | None = None,
+def list_jobs(services: ServicesDep, principal: PrincipalDep, status: JobStatus | None = None,
               limit: Annotated[int, Query(ge=1, le=100)] = 20,
               offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0):
-    """Jobs, newest first, optionally only those with one status."""
-    found, total = services.store.list(state=JobState(status) if status else None, limit=limit, offset=offset)
+    """Your jobs (an admin's: everyone's), newest first, optionally only those with one status."""
+    found, total = services.store.list(state=JobState(status) if status else None, limit=limit, offset=offset,
+                                       owner=principal.owner_filter)
     next_offset = offset + len(found) if offset + len(found) < total else None
     return JobPage(items=[jobs.job_out(j) for j in found], total=total, limit=limit, offset=offset,
                    next_offset=next_offset)

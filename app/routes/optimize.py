@@ -7,6 +7,7 @@ import anyio
 from fastapi import APIRouter, Header, Request, Response
 
 from app import services as jobs
+from app.auth import PrincipalDep
 from app.deps import ServicesDep
 from app.errors import ServiceError
 from app.problems import problem_responses
@@ -57,7 +58,7 @@ def _submit_limiter(request: Request) -> anyio.CapacityLimiter:
              responses={**problem_responses(400, 413, 415, 422, 503),
                         202: {"headers": {"Location": {"schema": {"type": "string"}},
                                           "Retry-After": {"schema": {"type": "string"}}}}})
-async def optimize(request: Request, response: Response, services: ServicesDep,
+async def optimize(request: Request, response: Response, services: ServicesDep, principal: PrincipalDep,
                    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                                  max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
     """Upload a model with its places and options; the job is validated, stored and queued."""
@@ -74,7 +75,7 @@ async def optimize(request: Request, response: Response, services: ServicesDep,
         await anyio.to_thread.run_sync(jobs.discard_input, services, job_id)
         raise
     job, _created = await anyio.to_thread.run_sync(jobs.submit, services, job_id, upload, spec, idempotency_key,
-                                                   callback, limiter=_submit_limiter(request))
+                                                   callback, principal.owner, limiter=_submit_limiter(request))
     response.headers["Location"] = f"/jobs/{job.id}"
     response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
     return jobs.job_out(job)

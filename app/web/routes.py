@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from app import services as jobs
+from app.auth import PrincipalDep, authenticate
 from app.deps import ServicesDep
 from app.errors import NotFound
 from app.problem_types import PROBLEM_TYPES
@@ -24,24 +25,27 @@ HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["bytes"] = lambda n: "-" if n is None else _human_bytes(n)
 router = APIRouter(include_in_schema=False)
+#: The pages that show jobs; with API keys they need one, like the API (and show only the owner's jobs).
+jobs_router = APIRouter(include_in_schema=False, dependencies=[Depends(authenticate)])
 PAGE_SIZE = 50
 
 
 def install_web(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.include_router(jobs_router)
     app.include_router(router)
 
 
-@router.get("/", response_class=HTMLResponse)
-def index(request: Request, services: ServicesDep):
-    found, total = services.store.list(state=None, limit=PAGE_SIZE, offset=0)
+@jobs_router.get("/", response_class=HTMLResponse)
+def index(request: Request, services: ServicesDep, principal: PrincipalDep):
+    found, total = services.store.list(state=None, limit=PAGE_SIZE, offset=0, owner=principal.owner_filter)
     return templates.TemplateResponse(request, "index.html", {"jobs": [jobs.job_out(j) for j in found],
                                                               "total": total, "page_size": PAGE_SIZE})
 
 
-@router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, services: ServicesDep, job_id: str):
-    job = jobs.get_job(services, job_id)
+@jobs_router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, services: ServicesDep, principal: PrincipalDep, job_id: str):
+    job = jobs.get_job(services, job_id, principal)
     summary: dict[str, Any] | None = None
     if job.state is JobState.SUCCEEDED:
         try:

@@ -51,15 +51,16 @@ class Service:
         yield job
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
+@contextmanager
+def running_service(data: Path, **overrides):
+    """uvicorn on a free port in a thread and an embedded worker, on ``data``; yields the Service."""
     import uvicorn
 
     from app.main import create_app
     from app.settings import Settings
-    data = tmp_path_factory.mktemp("client") / "data"
+
     settings = Settings(data_dir=data, engine=FAKE_ENGINE, lease_seconds=3, heartbeat_seconds=0.3,
-                        reaper_interval_seconds=0.5, job_memory_mb=1024)
+                        reaper_interval_seconds=0.5, job_memory_mb=1024, **overrides)
     upgraded_database(settings.effective_database_url)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
@@ -77,6 +78,12 @@ def service(tmp_path_factory):
         running.stop_worker()
         server.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    with running_service(tmp_path_factory.mktemp("client") / "data") as running:
+        yield running
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@ that contradicts the OpenAPI document (status codes, media types, headers, bodie
 
 The schema is loaded eagerly (schemathesis's lazy ``from_fixture`` does not work with this pytest), on an app
 over a real SQLite job table and queue in a temporary directory, with an embedded worker running the scripted
-engine (so that readiness holds and accepted jobs really run).
+engine (so that readiness holds and accepted jobs really run). The app asks for API keys, /metrics included,
+as an exposed deployment does: every request carries a user's key, and schemathesis's own check that an
+operation refuses requests without valid credentials runs on every operation that declares the key.
 """
 from __future__ import annotations
 
@@ -20,14 +22,21 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from app.main import create_app
 from app.settings import Settings
 from tests.service.conftest import FAKE_ENGINE, upgraded_database
+from worker.jobs import JobStore, KeyStore
 from worker.jobs.consumer import JobWorker
 
 DATA_DIR = Path(tempfile.mkdtemp(prefix="mirserve-schemathesis-"))
 atexit.register(shutil.rmtree, DATA_DIR, True)  # also when these tests are collected but not run
-SETTINGS = Settings(data_dir=DATA_DIR, max_upload_mb=0.25, engine=FAKE_ENGINE, job_memory_mb=1024)
+SETTINGS = Settings(data_dir=DATA_DIR, max_upload_mb=0.25, engine=FAKE_ENGINE, job_memory_mb=1024, auth="keys",
+                    metrics_auth=True)
 upgraded_database(SETTINGS.effective_database_url)
+_store = JobStore(SETTINGS.effective_database_url)
+TOKEN = KeyStore(_store).create("schemathesis")[1]
+_store.dispose()
 APP = create_app(SETTINGS)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
+#: Per operation, whether some request got past authentication (an answer neither 401 nor routing's own).
+AUTHENTICATED: dict[str, bool] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,6 +46,8 @@ def _worker():
     yield
     worker.stop(timeout=5)
     APP.state.services.close()
+    only_refused = sorted(op for op, passed in AUTHENTICATED.items() if not passed)
+    assert not only_refused, f"no request got past authentication on {only_refused}"
 
 
 @schema.parametrize()
@@ -49,4 +60,11 @@ def test_no_server_error_and_no_schema_violation(case):
     # - "invalid data is rejected": a generated empty array for an optional text field is sent as no part at
     #   all, which is a valid form (places then defaults to x86/fp32/nchw).
     excluded = [positive_data_acceptance, negative_data_rejection] if case.operation.path == "/optimize" else []
-    case.call_and_validate(excluded_checks=excluded)
+    # schemathesis generates the Authorization header of the declared bearer scheme, with a random token, and
+    # leaves it out on purpose in negative cases: a generated one becomes the real key, a missing one stays so.
+    if case.headers and "Authorization" in case.headers:
+        case.headers["Authorization"] = f"Bearer {TOKEN}"
+    response = case.call_and_validate(excluded_checks=excluded)
+    problem = response.json() if "problem+json" in response.headers.get("content-type", [""])[0] else {}
+    passed = response.status_code != 401 and problem.get("type") != "about:blank"
+    AUTHENTICATED[case.operation.label] = AUTHENTICATED.get(case.operation.label, False) or passed

@@ -17,7 +17,8 @@ _EXPORTS = {
     "JobSettings": "config", "load_settings": "config", "DEFAULT_ENGINE": "config",
     "JobSpec": "spec", "Report": "report",
     "Job": "store", "JobState": "store", "JobStore": "store", "NewJob": "store", "new_job_id": "store",
-    "IdempotencyConflict": "store",
+    "IdempotencyConflict": "store", "OwnerUsage": "store",
+    "ApiKey": "keys", "KeyRefused": "keys", "KeyStore": "keys", "Role": "keys",
     "SchemaError": "schema",
     "ArchiveError": "archive", "check_upload": "archive",
     "JobFiles": "files", "artifact_name": "files",
@@ -39,13 +40,14 @@ if TYPE_CHECKING:
     from worker.jobs.config import DEFAULT_ENGINE, JobSettings, load_settings
     from worker.jobs.consumer import JobWorker
     from worker.jobs.files import JobFiles, artifact_name
+    from worker.jobs.keys import ApiKey, KeyRefused, KeyStore, Role
     from worker.jobs.queue import JobQueue
     from worker.jobs.report import Report
     from worker.jobs.result_cache import cache_key, engine_identity, reuse_result
     from worker.jobs.schema import SchemaError
     from worker.jobs.spec import JobSpec
     from worker.jobs.storage import ObjectMissing, ObjectWriter, open_storage
-    from worker.jobs.store import IdempotencyConflict, Job, JobState, JobStore, NewJob, new_job_id
+    from worker.jobs.store import IdempotencyConflict, Job, JobState, JobStore, NewJob, OwnerUsage, new_job_id
     from worker.jobs.supervisor import WorkerSupervisor
 
 

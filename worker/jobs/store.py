@@ -76,6 +76,8 @@ jobs_table = Table(
     Column("summary", JSON, nullable=True),
     Column("cache_key", String(64), nullable=True, index=True),
     Column("cached_from", String(36), nullable=True),
+    # Who submitted it: the API key's owner (None with MIRSERVE_AUTH=none, and for jobs made before owners).
+    Column("owner", String(200), nullable=True, index=True),
 )
 
 workers_table = Table(
@@ -99,6 +101,18 @@ callbacks_table = Table(
     Column("next_at", UTCDateTime, nullable=False, index=True),
     Column("delivered_at", UTCDateTime, nullable=True),
     Column("last_error", Text, nullable=True),
+)
+
+#: API keys (``worker.jobs.keys``): the key id is the lookup, the secret is kept only as its scrypt hash.
+api_keys_table = Table(
+    "mirserve_api_keys", metadata,
+    Column("id", String(32), primary_key=True),
+    Column("owner", String(200), nullable=False, index=True),
+    Column("role", String(16), nullable=False),
+    Column("secret_hash", String(255), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=True),
+    Column("revoked_at", UTCDateTime, nullable=True),
 )
 
 
@@ -139,6 +153,7 @@ class Job:
     summary: dict[str, Any] | None
     cache_key: str | None
     cached_from: str | None
+    owner: str | None
 
     @classmethod
     def from_row(cls, row) -> "Job":
@@ -171,7 +186,17 @@ class NewJob:
     max_attempts: int
     idempotency_key: str | None = None
     request_fingerprint: str | None = None
+    owner: str | None = None
     id: str = field(default_factory=new_job_id)
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    """One owner's share of the service at one moment (``JobStore.usage``)."""
+
+    active_jobs: int              # queued or running
+    stored_bytes: int             # uploads and artifacts of the jobs the table holds
+    submitted_since: list[datetime]  # creation times of the jobs submitted in the window asked for, oldest first
 
 
 @dataclass(frozen=True)
@@ -256,7 +281,8 @@ class JobStore:
                       attempt=0, max_attempts=new.max_attempts, cancel_requested=False,
                       input_filename=new.input_filename, input_bytes=new.input_bytes,
                       input_sha256=new.input_sha256, spec=new.spec.to_dict(),
-                      idempotency_key=new.idempotency_key, request_fingerprint=new.request_fingerprint)
+                      idempotency_key=new.idempotency_key, request_fingerprint=new.request_fingerprint,
+                      owner=new.owner)
         if cached is not None:
             from worker.jobs.files import CACHED_ATTEMPT
 
@@ -279,10 +305,12 @@ class JobStore:
             row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).first()
         return Job.from_row(row) if row is not None else None
 
-    def find_cached(self, cache_key: str) -> Job | None:
-        """The newest succeeded job whose result has this cache key (``worker.jobs.result_cache``)."""
+    def find_cached(self, cache_key: str, owner: str | None = None) -> Job | None:
+        """The newest succeeded job of ``owner`` (None: jobs without one) whose result has this cache key
+        (``worker.jobs.result_cache``)."""
         c = jobs_table.c
-        query = (select(jobs_table).where(c.cache_key == cache_key, c.state == JobState.SUCCEEDED.value)
+        same_owner = c.owner.is_(None) if owner is None else c.owner == owner
+        query = (select(jobs_table).where(c.cache_key == cache_key, c.state == JobState.SUCCEEDED.value, same_owner)
                  .order_by(c.finished_at.desc()).limit(1))
         with read_transaction(self.engine) as conn:
             row = conn.execute(query).first()
@@ -293,15 +321,29 @@ class JobStore:
             row = conn.execute(select(jobs_table).where(jobs_table.c.idempotency_key == key)).first()
         return Job.from_row(row) if row is not None else None
 
-    def list(self, *, state: JobState | None = None, limit: int = 20, offset: int = 0) -> tuple[list[Job], int]:
-        """A page of jobs, newest first, and the total number matching."""
-        where = jobs_table.c.state == state.value if state is not None else true()
+    def list(self, *, state: JobState | None = None, limit: int = 20, offset: int = 0,
+             owner: str | None = None) -> tuple[list[Job], int]:
+        """A page of jobs, newest first, and the total number matching; with ``owner``, only that owner's."""
+        where = and_(jobs_table.c.state == state.value if state is not None else true(),
+                     jobs_table.c.owner == owner if owner is not None else true())
         query = (select(jobs_table).where(where)
                  .order_by(jobs_table.c.created_at.desc(), jobs_table.c.id.desc()).limit(limit).offset(offset))
         with read_transaction(self.engine) as conn:
             rows = conn.execute(query).all()
             total = conn.execute(select(func.count()).select_from(jobs_table).where(where)).scalar_one()
         return [Job.from_row(r) for r in rows], total
+
+    def usage(self, owner: str, since: datetime) -> "OwnerUsage":
+        """What one owner holds now, for the quotas: unfinished jobs, stored bytes, jobs submitted since."""
+        c = jobs_table.c
+        active = [JobState.QUEUED.value, JobState.RUNNING.value]
+        stored = func.coalesce(func.sum(c.input_bytes + func.coalesce(c.artifact_bytes, 0)), 0)
+        with read_transaction(self.engine) as conn:
+            jobs = conn.execute(select(func.count()).where(c.owner == owner, c.state.in_(active))).scalar_one()
+            total = conn.execute(select(stored).where(c.owner == owner)).scalar_one()
+            recent = conn.execute(select(c.created_at).where(c.owner == owner, c.created_at >= since)
+                                  .order_by(c.created_at)).scalars().all()
+        return OwnerUsage(active_jobs=int(jobs), stored_bytes=int(total), submitted_since=list(recent))
 
     def counts(self) -> dict[JobState, int]:
         query = select(jobs_table.c.state, func.count()).group_by(jobs_table.c.state)
