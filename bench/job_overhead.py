@@ -57,7 +57,7 @@ def tiny_model() -> bytes:
 
 def start(data_dir: Path, port: int, env_extra: dict[str, str], log_dir: Path) -> list[subprocess.Popen]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(data_dir), "MIRSERVE_PORT": str(port),
-           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_QUEUE_NAME": f"mirserve-overhead-{port}", **env_extra}
+           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_AUTH": "none", "MIRSERVE_QUEUE_NAME": f"mirserve-overhead-{port}", **env_extra}
     subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"], cwd=REPO, env=env, check=True,
                    stdout=subprocess.DEVNULL)
     processes = []

@@ -94,7 +94,7 @@ class ScratchSchema:
 
 def start_processes(args, data_dir: Path, port: int, log_dir: Path) -> list[subprocess.Popen]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(data_dir), "MIRSERVE_PORT": str(port),
-           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_QUEUE_NAME": f"mirserve-load-{port}"}
+           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_AUTH": "none", "MIRSERVE_QUEUE_NAME": f"mirserve-load-{port}"}
     if args.database_url:
         env["MIRSERVE_DATABASE_URL"] = args.database_url
     if args.redis_url:

@@ -36,7 +36,7 @@ GOAL = 0.9
 
 def start(args, slots: int, data_dir: Path, port: int, log_dir: Path) -> tuple[list[subprocess.Popen], int]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(data_dir), "MIRSERVE_PORT": str(port),
-           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_QUEUE_NAME": f"mirserve-scale-{port}",
+           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_AUTH": "none", "MIRSERVE_QUEUE_NAME": f"mirserve-scale-{port}",
            "MIRSERVE_ENGINE": "bench.engines:sleeping", "MIRSERVE_BENCH_SLEEP_SECONDS": str(args.sleep)}
     if args.database_url:
         env["MIRSERVE_DATABASE_URL"] = args.database_url

@@ -194,3 +194,23 @@ def test_a_job_is_offered_for_reuse_under_the_key_of_the_engine_that_ran_it(serv
     finally:
         store.dispose()
     assert row.cache_key == cache_key(row.input_sha256, row.spec, engine_identity())
+
+
+def test_results_are_reused_within_one_owner_only(store):
+    """With API keys, one owner's job never answers another's: a hit would tell that the other submitted it."""
+    from dataclasses import replace
+
+    from tests.service.conftest import new_job
+
+    spec = JobSpec("x86/fp32/nchw", {"opt_level": 2})
+    key = cache_key("a" * 64, spec, engine_identity())
+    for owner in ("alice", None):
+        job = store.create(replace(new_job(), spec=spec, input_sha256="a" * 64, owner=owner))
+        lease = store.claim(job.id, "w", 30).lease
+        assert store.publish(lease, artifact_bytes=1, artifact_sha256="b" * 64, summary={}, cache_key=key)
+    alice = store.find_cached(key, owner="alice")
+    assert alice is not None and alice.owner == "alice"
+    assert store.find_cached(key, owner="bob") is None
+    anonymous = store.find_cached(key)
+    assert anonymous is not None and anonymous.owner is None and anonymous.id != alice.id
+    assert store.find_cached("c" * 64, owner="alice") is None
