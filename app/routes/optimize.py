@@ -37,7 +37,9 @@ FORM_SCHEMA = {
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
                                        "check_support_only, verify, allow_unverified, verify_runs, rtol, atol, "
-                                       "dim_bounds, cut_start, cut_end, strict"},
+                                       "dim_bounds, cut_start, cut_end, target_opset, strict; and cache (default "
+                                       "true: reuse the result of an earlier job with the same model, places, "
+                                       "options and engine; false: run anyway)"},
         },
     }}},
 }
@@ -60,6 +62,8 @@ async def optimize(request: Request, response: Response, services: ServicesDep, 
                    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                                  max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
     """Upload a model with its places and options; the job is validated, stored and queued."""
+    if services.settings.max_queued:
+        await anyio.to_thread.run_sync(jobs.check_capacity, services, limiter=_submit_limiter(request))
     job_id = new_job_id()
     upload = await receive_upload(request.headers.get("content-type"), request.headers.get("content-length"),
                                   request.stream(), jobs.input_writer(services, job_id),
