@@ -173,11 +173,15 @@ def _serve_api(settings) -> int:
     return 0
 
 
+#: How long the embedded worker may take to stop beyond its grace period for running jobs.
+WORKER_STOP_MARGIN_SECONDS = 10.0
+
+
 def run_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)  # bad settings stop here, before anything starts
     if settings.effective_database_url.startswith("sqlite"):  # its own database: keep it at this version
         _with_store(settings, lambda store: store.upgrade_schema())
-    supervisor = WorkerSupervisor()
+    supervisor = WorkerSupervisor(stop_seconds=settings.shutdown_grace_seconds + WORKER_STOP_MARGIN_SECONDS)
     supervisor.start()
     try:
         return _serve_api(settings)

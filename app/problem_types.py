@@ -146,6 +146,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
         503, "Queue unavailable",
         "The job queue (SQLite or Redis) did not accept the job, so nothing was kept.",
         "Try again after Retry-After seconds."),
+    "queue-full": ProblemType(
+        503, "Queue full",
+        "As many jobs as the service queues (MIRSERVE_MAX_QUEUED) are waiting for a worker, so the submission "
+        "was refused before its upload was read; nothing was kept. `queued` and `max_queued` say how full.",
+        "Submit again after Retry-After seconds; an operator can add workers (`mirserve worker`)."),
     "not-ready": ProblemType(
         503, "Not ready",
         "`/readyz` found a dependency that does not answer: the database, the storage, the queue, or no worker "

@@ -131,6 +131,10 @@ class JobOut(BaseModel):
     error: JobError | None
     retry_reason: str | None = Field(description="why the latest retry happened, if any")
     summary: JobSummary | None
+    cached: bool = Field(False, description="the job reused the result of an earlier job with the same model, "
+                         "places, options and engine, and ran no attempt (option cache=false opts out)")
+    cached_from: str | None = Field(None, description="the id of the job whose result a cached job reuses; the "
+                                    "cached job keeps its own copy, so deleting that job does not affect it")
     links: JobLinks
 
 

@@ -20,15 +20,17 @@ from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobPr
 from app.settings import Settings
 from app.uploads import Upload
 from worker.engine.api import OptionsError, memory_at
-from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue, JobSpec,
-                         JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name,
-                         check_callback_url, check_upload)
+from worker.jobs import (ArchiveError, CallbackRefused, CallbackStore, IdempotencyConflict, Job, JobFiles, JobQueue,
+                         JobSpec, JobState, JobStore, KeyStore, NewJob, ObjectWriter, Report, artifact_name, cache_key,
+                         check_callback_url, check_upload, engine_identity, reuse_result)
 
 if TYPE_CHECKING:
     from app.auth import Principal
 
 #: What the API advises clients to wait between polls of a job that has not finished.
 RETRY_AFTER_SECONDS = "2"
+#: What the API advises a client refused because the queue is full to wait before submitting again.
+QUEUE_FULL_RETRY_SECONDS = 10
 #: How long a presigned download URL stays valid.
 PRESIGN_SECONDS = 300
 REPORT_LIMIT = 64 << 20
@@ -104,6 +106,22 @@ def get_job(services: Services, job_id: str, viewer: Principal | None = None) ->
     return job
 
 
+def check_capacity(services: Services) -> None:
+    """Refuse a submission while ``MIRSERVE_MAX_QUEUED`` jobs wait for a worker (before its upload is read).
+
+    Submissions accepted at the same moment may each see room, so the queue can pass the limit by the few
+    submissions in flight; it stops growing all the same.
+    """
+    limit = services.settings.max_queued
+    if not limit:
+        return
+    queued = services.store.count_queued()
+    if queued >= limit:
+        raise Unavailable("queue-full", f"{queued} jobs are waiting for a worker, the most this service queues "
+                          f"(MIRSERVE_MAX_QUEUED={limit}); nothing was kept, submit again later",
+                          retry_after=QUEUE_FULL_RETRY_SECONDS, queued=queued, max_queued=limit)
+
+
 def input_writer(services: Services, job_id: str) -> ObjectWriter:
     """Where a submission's model goes as it arrives: the job's input in the store."""
     return services.files.storage.writer(services.files.input_key(job_id))
@@ -141,7 +159,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
     used for a different request, it is a 422. Whatever is not accepted is removed from the store. Idempotency
-    keys are each owner's own: two owners using the same key never meet.
+    keys are each owner's own: two owners using the same key never meet. A request an earlier job of the same
+    owner already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
     """
     owner = principal.owner if principal is not None else None
     try:
@@ -157,7 +176,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
                  spec=spec, max_attempts=services.settings.max_attempts,
                  idempotency_key=_owned_key(owner, idempotency_key), request_fingerprint=fingerprint, owner=owner)
     try:
-        job = services.store.create(new)
+        source = _cached_result(services, new)
+        job = services.store.create(new, cached=source)
     except IdempotencyConflict as conflict:
         services.files.remove_job(new.id)
         if conflict.existing.request_fingerprint != fingerprint:
@@ -171,7 +191,8 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     try:
         if callback_url is not None:  # before the queue hears of it: the job cannot end without its callback
             CallbackStore(services.store).add(job.id, callback_url)
-        services.queue.enqueue(job.id)
+        if source is None:
+            services.queue.enqueue(job.id)
     except Exception as error:
         services.store.delete(job.id)
         services.files.remove_job(job.id)
@@ -180,6 +201,24 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     services.metrics.jobs_submitted.inc()
     services.metrics.upload_bytes.inc(upload.bytes)
     return job, True
+
+
+def _cached_result(services: Services, new: NewJob) -> Job | None:
+    """The succeeded job of the same owner whose result the new job reuses, with its outputs already copied to
+    the new job's; None when caching is off for the job or the deployment, or no such result (still) exists.
+    Owners never share results: a hit would tell one that another submitted the same model."""
+    if not (services.settings.cache and new.spec.cache):
+        return None
+    try:
+        key = cache_key(new.input_sha256, new.spec, engine_identity())
+    except Exception:  # noqa: BLE001 - an engine that cannot tell what it is runs the job instead
+        return None
+    source = services.store.find_cached(key, owner=new.owner)
+    if source is None or source.artifact_attempt is None:
+        return None
+    if not reuse_result(services.files, source.id, source.artifact_attempt, new.id):
+        return None  # deleted meanwhile: the job runs
+    return source
 
 
 def _owned_key(owner: str | None, key: str | None) -> str | None:
@@ -256,6 +295,7 @@ def job_out(job: Job) -> JobOut:
         input=JobInput(filename=job.input_filename, bytes=job.input_bytes, sha256=job.input_sha256),
         artifact=artifact, error=error, retry_reason=job.retry_reason,
         summary=JobSummary(**job.summary) if job.summary else None,
+        cached=job.cached_from is not None, cached_from=job.cached_from,
         links=JobLinks(self=base, artifact=f"{base}/artifact", trace=f"{base}/trace", memory=f"{base}/memory",
                        report=f"{base}/report", cancel=f"{base}/cancel"))
 

@@ -94,7 +94,7 @@ class ScratchSchema:
 
 def start_processes(args, data_dir: Path, port: int, log_dir: Path) -> list[subprocess.Popen]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(data_dir), "MIRSERVE_PORT": str(port),
-           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_QUEUE_NAME": f"mirserve-load-{port}"}
+           "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_AUTH": "none", "MIRSERVE_QUEUE_NAME": f"mirserve-load-{port}"}
     if args.database_url:
         env["MIRSERVE_DATABASE_URL"] = args.database_url
     if args.redis_url:
@@ -130,12 +130,13 @@ def limits(jobs: int) -> httpx.Limits:
 async def submit_all(args, base: str, ids: multiprocessing.Queue) -> list[float]:
     """Submit every job at once; each id goes to the pollers as soon as it is accepted. Returns submit times."""
     model = args.model.read_bytes()
+    options = json.dumps({**json.loads(args.options), "cache": False})  # every copy runs: none reuses another's
     submits: list[float] = []
 
     async def submit(client: httpx.AsyncClient, index: int) -> None:
         started = time.perf_counter()
         response = await client.post("/optimize", files={"model": (f"model-{index}.onnx", model)},
-                                     data={"places": args.places, "options": args.options})
+                                     data={"places": args.places, "options": options})
         submits.append(time.perf_counter() - started)
         response.raise_for_status()
         ids.put(response.json()["id"])

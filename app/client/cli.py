@@ -32,8 +32,10 @@ def add_remote_commands(commands) -> None:
                               description="Upload MODEL to a mirserve service with the same options as "
                                           "`mirserve optimize`. With --wait (or -o) follow its passes, download "
                                           "the optimized model and print the same summary as a local run.")
-    cmd.add_argument("model", metavar="MODEL", help="the ONNX model to optimize")
-    cmd.add_argument("-o", "--output", metavar="OUT", help="download the optimized model here (implies --wait)")
+    cmd.add_argument("model", metavar="MODEL", help="the ONNX model to optimize, or a .zip, .tar or .tar.gz "
+                                                    "holding one with its external data files")
+    cmd.add_argument("-o", "--output", metavar="OUT", help="download the optimized model here (implies --wait); "
+                                                           "OUT.tar: the model and its external data as one tar")
     cmd.add_argument("--wait", action="store_true", help="wait until the job ends")
     cmd.add_argument("--callback-url", metavar="URL", help="the service POSTs a signed notice here when the job "
                                                           "ends (its host must be one the service allows)")
@@ -57,7 +59,8 @@ def add_remote_commands(commands) -> None:
     shown.add_argument("--trace", action="store_true", help="the pass trace as a table")
     shown.add_argument("--memory", action="store_true", help="the memory plan per space")
     shown.add_argument("--report", action="store_true", help="the whole report (JSON)")
-    cmd.add_argument("-o", "--output", metavar="OUT", help="download the optimized model here")
+    cmd.add_argument("-o", "--output", metavar="OUT", help="download the optimized model here; OUT.tar: the model "
+                                                           "and its external data as one tar")
     cmd.add_argument("--chrome-trace", metavar="FILE.json", help="save the trace as a Chrome trace-event file")
     cmd.add_argument("--json", action="store_true", help="print JSON instead of tables")
     _add_connection_arguments(cmd)
@@ -107,7 +110,7 @@ def run_submit(args: argparse.Namespace, client: Client) -> int:
     _follow(job, show=not (args.quiet or args.json))
     report = job.report()
     if args.output:
-        job.download(args.output)
+        job.download(args.output, archive=args.output.endswith(".tar"))
         report["model"]["output"]["path"] = str(args.output)
     write_pictures(report, args)
     print_outcome(report, args, subject=None if args.output else f"job {job.id} succeeded")
@@ -167,7 +170,7 @@ def _doing(job: Job) -> str:
 def run_job(args: argparse.Namespace, client: Client) -> int:
     job = client.job(args.job_id)
     if args.output:
-        job.download(args.output)
+        job.download(args.output, archive=args.output.endswith(".tar"))
     if args.chrome_trace:
         Path(args.chrome_trace).write_text(json.dumps(job.trace(format="chrome"), indent=1))
     if args.report or (args.json and (args.trace or args.memory)):

@@ -37,7 +37,9 @@ FORM_SCHEMA = {
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
                                        "check_support_only, verify, verify_runs, rtol, atol, dim_bounds, "
-                                       "cut_start, cut_end, strict"},
+                                       "cut_start, cut_end, strict; and cache (default true: reuse the "
+                                       "result of an earlier job with the same model, places, options and "
+                                       "engine; false: run anyway)"},
         },
     }}},
 }
@@ -61,6 +63,8 @@ async def optimize(request: Request, response: Response, services: ServicesDep, 
                                                                  max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
     """Upload a model with its places and options; the job is validated, stored and queued."""
     await anyio.to_thread.run_sync(jobs.admit_submission, services, principal)  # 429 before the body is read
+    if services.settings.max_queued:
+        await anyio.to_thread.run_sync(jobs.check_capacity, services, limiter=_submit_limiter(request))
     job_id = new_job_id()
     upload = await receive_upload(request.headers.get("content-type"), request.headers.get("content-length"),
                                   request.stream(), jobs.input_writer(services, job_id),

@@ -93,6 +93,25 @@ def test_a_terminal_gets_a_progress_bar_per_pass(real_server, tmp_path):
     assert all(int(i) <= int(n) for _, i, n in passes)
 
 
+def test_a_model_with_external_data_goes_as_an_archive_and_comes_back_as_one(real_server, tmp_path):
+    import tarfile
+
+    import onnx
+
+    from tests.service.archives import model_with_external_data, pack_directory
+
+    source = model_with_external_data(tmp_path / "source")
+    (tmp_path / "model.tar.gz").write_bytes(pack_directory("tar.gz", source.parent))
+    done = mirserve("submit", "model.tar.gz", "--places", "x86/fp32/nchw", "-o", "out.tar", cwd=tmp_path,
+                    server=real_server)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(tmp_path / "out.tar") as archive:
+        assert archive.getnames() == ["model.opt.onnx"]  # small weights come back inside the model
+        archive.extractall(tmp_path / "out", filter="data")
+    optimized = onnx.load(tmp_path / "out" / "model.opt.onnx")
+    assert [n.op_type for n in optimized.graph.node] == ["Gemm"]
+
+
 @pytest.mark.models
 def test_jobs_job_and_cancel(real_server, tmp_path):
     name = "ch_ppocr_mobile_v2.0_cls_infer.onnx"

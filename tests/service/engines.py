@@ -121,3 +121,11 @@ def slow_optimize(model_path, output_path, options, progress):
             time.sleep(delay)
 
     return run_optimize(model_path, output_path, options, slow_progress)
+
+
+def delayed(model_path, output_path, options, progress):
+    """``scripted`` after ``MIRSERVE_TEST_ENGINE_DELAY`` seconds: a job that is surely running for a while, on
+    options the API accepts (for tests that submit over HTTP and strike mid-run)."""
+    progress(0, 1, "delay")
+    time.sleep(float(os.environ.get("MIRSERVE_TEST_ENGINE_DELAY", "0")))
+    return scripted(model_path, output_path, options, progress)

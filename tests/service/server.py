@@ -23,14 +23,19 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``mirserve serve`` (API + embedded worker) on a free port with its own data directory."""
+    """One ``mirserve serve`` (API + embedded worker) on a free port with its own data directory.
+
+    Its result cache is off unless a test sets ``cache``: the tests that share a server submit the same model
+    and options again and again, and each needs a job that runs (``tests/service/test_result_cache.py`` tests
+    the cache).
+    """
 
     def __init__(self, data_dir: Path, command: str = "serve", **settings):
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_DATA_DIR": str(self.data_dir),
-                    "MIRSERVE_PORT": str(self.port), "MIRSERVE_LOG_LEVEL": "warning"}
+                    "MIRSERVE_PORT": str(self.port), "MIRSERVE_LOG_LEVEL": "warning", "MIRSERVE_CACHE": "0"}
         self.env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items()})
         self.command = command
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{command}.log"
@@ -103,3 +108,44 @@ class Server:
                 return job
             time.sleep(0.1)
         raise AssertionError(f"job {job_id} still {job and job['status']} after {timeout} s:\n{self.log()}")
+
+
+class ServiceProcess:
+    """One ``mirserve`` process of a scaled-out service (``api`` or ``worker``), with the given ``MIRSERVE_*``
+    settings on top of this environment; its output goes to ``log_path``."""
+
+    def __init__(self, command: list[str], settings: dict[str, object], log_path: Path):
+        self.command = command
+        self.env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_LOG_LEVEL": "info",
+                    "MIRSERVE_LOG_FORMAT": "text"}
+        self.env.update({f"MIRSERVE_{k.upper()}": str(v) for k, v in settings.items() if v is not None})
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> "ServiceProcess":
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "app.cli", *self.command], cwd=REPO,
+                                            env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.process.returncode

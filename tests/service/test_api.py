@@ -353,6 +353,27 @@ def test_every_operation_documents_its_errors_as_problems(client):
                     assert list(entry["content"]) == ["application/problem+json"], f"{method} {path} {status}"
 
 
+def test_with_an_s3_store_a_hostile_archive_fails_its_job_naming_the_member(tmp_path, s3_bucket):
+    """The API keeps no local copy of an upload to a bucket: the engine process checks the members before it
+    unpacks, and the job fails with the refusal the API would have given."""
+    from tests.service.archives import hostile
+
+    settings = Settings(data_dir=tmp_path / "data", max_upload_mb=16, engine=FAKE_ENGINE, lease_seconds=3,
+                        heartbeat_seconds=0.3, job_memory_mb=1024, storage_url=f"s3://{s3_bucket}/svc")
+    upgraded_database(settings.effective_database_url)
+    data, member = hostile(MODEL)["dot_dot"]
+    with TestClient(create_app(settings)) as client:
+        job_worker = JobWorker(settings)
+        job_worker.start()
+        try:
+            job = wait_done(client, post_model(client, model=data, filename="m.tar").json()["id"])
+        finally:
+            job_worker.stop(timeout=5)
+    assert job["status"] == "failed" and job["error"]["type"] == "ArchiveError", job
+    assert job["error"]["field"] == "model" and repr(member) in job["error"]["message"]
+    assert not list(tmp_path.rglob("mirserve-escape.bin"))  # the scratch (attempt dirs) included
+
+
 @pytest.mark.parametrize("redirect", [False, True])
 def test_with_an_s3_store_uploads_artifacts_and_reports_live_in_the_bucket(tmp_path, s3_bucket, redirect):
     import boto3

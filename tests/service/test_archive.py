@@ -103,3 +103,12 @@ def test_a_plain_model_is_no_archive_even_with_ustar_where_tar_keeps_it(model_by
     looks_like_tar = bytearray(512)
     looks_like_tar[257:262] = b"ustar"
     assert archive_kind(bytes(looks_like_tar)) is None  # the checksum does not hold
+
+
+@pytest.mark.parametrize("upload, name", [("llama.tar.gz", "llama.opt.onnx"), ("llama.TGZ", "llama.opt.onnx"),
+                                          ("m.zip", "m.opt.onnx"), ("m.tar", "m.opt.onnx"),
+                                          ("det.onnx", "det.opt.onnx"), (".tar", "model.opt.onnx")])
+def test_the_artifact_of_an_archive_is_named_after_it_without_the_archive_extension(upload, name):
+    from worker.jobs.files import artifact_name
+
+    assert artifact_name(upload) == name

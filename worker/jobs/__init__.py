@@ -24,6 +24,7 @@ _EXPORTS = {
     "JobFiles": "files", "artifact_name": "files",
     "ObjectMissing": "storage", "ObjectWriter": "storage", "open_storage": "storage",
     "JobQueue": "queue",
+    "cache_key": "result_cache", "engine_identity": "result_cache", "reuse_result": "result_cache",
     "JobWorker": "consumer",
     "WorkerSupervisor": "supervisor",
     "add_worker_arguments": "cli", "run_worker": "cli", "configure_logging": "logs",
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from worker.jobs.keys import ApiKey, KeyRefused, KeyStore, Role
     from worker.jobs.queue import JobQueue
     from worker.jobs.report import Report
+    from worker.jobs.result_cache import cache_key, engine_identity, reuse_result
     from worker.jobs.schema import SchemaError
     from worker.jobs.spec import JobSpec
     from worker.jobs.storage import ObjectMissing, ObjectWriter, open_storage

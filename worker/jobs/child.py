@@ -9,7 +9,8 @@ Landlock, nothing else of the file system within reach (``worker.jobs.sandbox``)
 and speaks to the runner through its three channels only:
 
 - progress, one JSON message per pass (``{"index": i, "total": n, "pass": name}``) on the progress pipe;
-- its verdict, ``result.json`` in the attempt directory, written atomically just before it exits;
+- its verdict, ``result.json`` in the attempt directory, written atomically just before it exits (on success
+  with the identity of the engine that ran, for the result cache);
 - the lifeline, a pipe only the runner's process writes to: when it closes (the worker died, however) the
   engine process kills its whole group at once, so no engine outlives its lease.
 """
@@ -59,7 +60,7 @@ def run(spec: dict[str, Any], progress_pipe: Connection, lifeline: Connection) -
         extra = {"external_data_dir": str(unpacked)} if unpacked is not None else {}
         report = engine(str(model), str(attempt_dir / "model.onnx"), spec["options"], progress, **extra)
         _write_json(attempt_dir / "report.json", report)
-        verdict: dict[str, Any] = {"ok": True}
+        verdict: dict[str, Any] = {"ok": True, "engine": _engine_identity()}
     except BaseException as error:  # noqa: BLE001 - every failure becomes a verdict the runner can store
         traceback.print_exc()
         verdict = {"ok": False, "error": describe_error(error, spec["memory_bytes"])}
@@ -67,6 +68,18 @@ def run(spec: dict[str, Any], progress_pipe: Connection, lifeline: Connection) -
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_OK if verdict["ok"] else EXIT_JOB_FAILED)  # no interpreter teardown: runtimes may hang in it
+
+
+def _engine_identity() -> dict[str, Any] | None:
+    """The identity of the engine that made the result (the result cache's key names it); None when it
+    cannot be told, and then the result is not offered for reuse."""
+    from worker.jobs.result_cache import engine_identity
+
+    try:
+        return engine_identity()
+    except Exception:  # noqa: BLE001 - not knowing only costs the cache
+        traceback.print_exc()
+        return None
 
 
 def _unpacked(model: Path, attempt_dir: Path, max_unpacked_bytes: int | None) -> tuple[Path, Path | None]:

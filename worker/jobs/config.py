@@ -45,6 +45,11 @@ class JobSettings(BaseSettings):
     requeue_after_seconds: float = Field(600.0, gt=0)
     retention_hours: float = Field(168.0, ge=0, description="finished jobs are deleted after this; 0: never")
     poll_seconds: float = Field(0.25, gt=0, le=5, description="how long a runner waits for engine output at once")
+    shutdown_grace_seconds: float = Field(20.0, ge=0, description="on SIGTERM a worker claims no more jobs and "
+                                          "lets running ones finish for this long, then gives the rest back to "
+                                          "the queue at once")
+    cache: bool = Field(True, description="a job whose model, places and options an earlier job already "
+                        "optimized with the same engine reuses that result; false: every job runs")
     max_unpacked_mb: int = Field(4096, ge=1, description="bytes an archive upload may unpack to, all members "
                                  "together")
     warm_engines: bool = Field(True, description="fork each job's engine process from a server that has imported "

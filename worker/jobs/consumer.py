@@ -1,8 +1,10 @@
 """A worker process: huey consumer threads running jobs, plus a heartbeat and a reaper thread.
 
-``JobWorker.run()`` is what ``mirserve worker`` runs in its main thread (SIGTERM/SIGINT stop it cleanly:
-running engine children are killed and their jobs go back to the queue). ``start()``/``stop()`` embed a
-worker in another process, as tests do.
+``JobWorker.run()`` is what ``mirserve worker`` runs in its main thread. SIGTERM or SIGINT drains it: it
+claims no more jobs, lets the running ones finish for up to ``MIRSERVE_SHUTDOWN_GRACE_SECONDS``, then kills
+the engine processes still running and releases their leases, so their jobs are queued again at once for
+another worker (a second signal ends the wait). ``start()``/``stop()`` embed a worker in another process, as
+tests do.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 
 from huey.consumer import Consumer
 
@@ -47,7 +50,9 @@ class JobWorker:
         self.runner = JobRunner(self.store, self.files, config, self.id, enqueue=self.queue.enqueue)
         self.queue.handler = self.runner.run
         self.reaper = Reaper(self.store, self.files, self.queue, config)
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # ends the heartbeat and reaper threads
+        self._stop_requested = threading.Event()  # a first SIGTERM/SIGINT: drain
+        self._abort = threading.Event()  # a second one: stop waiting for running jobs
         self._threads: list[threading.Thread] = []
         self._consumer: Consumer | None = None
         self.notifier = None
@@ -73,11 +78,14 @@ class JobWorker:
         log.info("worker %s started: %d job thread(s), %s queue", self.id, self.config.worker_concurrency,
                  self.queue.backend)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop taking jobs, abort running ones (they are requeued), and leave the worker table."""
-        self._stop.set()
+    def stop(self, timeout: float = 10.0, grace: float = 0.0) -> None:
+        """Stop taking jobs, give running ones ``grace`` seconds to finish, abort the rest (their leases are
+        released: the jobs are queued again at once), and leave the worker table."""
+        self.runner.drain()
         if self._consumer is not None:
             self._consumer.stop_flag.set()
+        self._drain(grace)
+        self._stop.set()
         self.runner.stop()
         if self._consumer is not None:
             self._consumer.shutdown_timeout = timeout
@@ -94,14 +102,31 @@ class JobWorker:
         self.files.storage.close()
         log.info("worker %s stopped", self.id)
 
+    def _drain(self, grace: float) -> None:
+        running = self.runner.running
+        if grace <= 0 or not running:
+            return
+        log.info("worker %s draining: %d running job(s) may finish within %g s", self.id, running, grace)
+        deadline = time.monotonic() + grace
+        while self.runner.running and time.monotonic() < deadline and not self._abort.wait(0.05):
+            pass
+        if self.runner.running:
+            log.warning("worker %s: %d job(s) still running after the grace period; releasing them", self.id,
+                        self.runner.running)
+
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT (call from the main thread)."""
+        """Run until SIGTERM or SIGINT (call from the main thread), then drain with the configured grace."""
+        def on_signal(*_):
+            if self._stop_requested.is_set():
+                self._abort.set()
+            self._stop_requested.set()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: self._stop.set())
+            signal.signal(signum, on_signal)
         self.start()
-        while not self._stop.wait(1.0):
+        while not self._stop_requested.wait(1.0):
             self._consumer.check_worker_health()
-        self.stop()
+        self.stop(timeout=10.0, grace=self.config.shutdown_grace_seconds)
 
     def _every(self, interval: float, step) -> None:
         while not self._stop.wait(interval):

@@ -86,8 +86,16 @@ class JobFiles:
         return self.scratch / job_id / f"attempt-{attempt}"
 
 
+#: Extensions of archive uploads, longest first: ``model.tar.gz`` gives ``model.opt.onnx``.
+ARCHIVE_EXTENSIONS = (".tar.gz", ".tgz", ".tar", ".zip")
+
+
 def artifact_name(input_filename: str) -> str:
     """The optimized model's download name: the upload's name with ``.opt.onnx`` for its extension."""
+    lowered = input_filename.lower()
+    for extension in ARCHIVE_EXTENSIONS:
+        if lowered.endswith(extension):
+            return f"{input_filename[:-len(extension)] or 'model'}.opt.onnx"
     return f"{input_filename.rsplit('.', 1)[0] or 'model'}.opt.onnx"
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import worker.jobs.child  # noqa: F401 - the engine process's own code
 from worker.engine.api import list_plugins
 
+from worker.jobs.result_cache import engine_identity
+
 try:
     list_plugins()  # loads them; one that fails is recorded with its error, as it would be in a job
+    engine_identity()  # and what a job's verdict names as the engine that made its result
 except Exception:  # noqa: BLE001 - a broken plugin set must not stop the fork server; jobs report it
     pass

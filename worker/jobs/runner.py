@@ -29,6 +29,7 @@ from worker.jobs.config import JobSettings
 from worker.jobs.engine_process import ChildSpec, EngineProcess, describe_exit
 from worker.jobs.files import JobFiles, artifact_name, read_bounded, sha256_of, tail
 from worker.jobs.report import PathNames, Report, ReportError
+from worker.jobs.result_cache import cache_key
 from worker.jobs.storage import ObjectMissing
 from worker.jobs.store import Job, JobState, JobStore, Lease
 
@@ -62,6 +63,7 @@ class JobRunner:
         self.worker_id = worker_id
         self.enqueue = enqueue
         self._stopping = threading.Event()
+        self._draining = threading.Event()
         self._lock = threading.Lock()
         self._active: dict[str, EngineProcess] = {}
         self._last_pass: dict[str, str] = {}  # the pass each running job reported last, for the logs
@@ -71,13 +73,19 @@ class JobRunner:
         with self._lock:
             return len(self._active)
 
+    def drain(self) -> None:
+        """Claim no more jobs; running attempts go on."""
+        self._draining.set()
+
     def stop(self) -> None:
-        """Abort every running attempt; their jobs go back to the queue."""
+        """Claim no more jobs and abort every running attempt, releasing its lease: its job goes back to the
+        queue at once, for another worker, and is not failed even when its attempts are spent."""
+        self._draining.set()
         self._stopping.set()
 
     def run(self, job_id: str) -> JobState | None:
         """Run one attempt of ``job_id`` if it is queued; returns the job's state afterwards (None: not ours)."""
-        if self._stopping.is_set():
+        if self._draining.is_set():
             self.enqueue(job_id)  # this worker is going away; leave the job to another
             return None
         job = self.store.claim(job_id, self.worker_id, self.config.lease_seconds)
@@ -112,7 +120,8 @@ class JobRunner:
         try:
             self.store.set_child(lease, process.pid)
             stop = self._supervise(lease, process)
-            state = self._settle(lease, stop, process, attempt_dir, self._path_names(job, model, attempt_dir))
+            names = self._path_names(job, model, attempt_dir)
+            state = self._settle(job, lease, stop, process, attempt_dir, names)
         finally:
             with self._lock:
                 self._active.pop(job.id, None)
@@ -178,7 +187,7 @@ class JobRunner:
             if self._stopping.is_set():
                 return Stop.SHUTDOWN
 
-    def _settle(self, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
+    def _settle(self, job: Job, lease: Lease, stop: Stop, process: EngineProcess, attempt_dir: Path,
                 names: PathNames) -> JobState | None:
         if stop is not Stop.EXITED:
             process.kill()
@@ -192,13 +201,16 @@ class JobRunner:
             message = f"the optimization took longer than the job time limit of {limit:g} s"
             return JobState.FAILED if self._fail(lease, "TimeLimitError", message) else None
         if stop is Stop.SHUTDOWN:
-            return self._retry(lease, "the worker running it shut down")
-        return self._settle_exit(lease, process.wait(), attempt_dir, names)
+            return self._retry(lease, "the worker running it shut down", release=True)
+        return self._settle_exit(job, lease, process.wait(), attempt_dir, names)
 
-    def _settle_exit(self, lease: Lease, returncode: int, attempt_dir: Path, names: PathNames) -> JobState | None:
+    def _settle_exit(self, job: Job, lease: Lease, returncode: int, attempt_dir: Path,
+                     names: PathNames) -> JobState | None:
         verdict = _read_json(attempt_dir / "result.json", RESULT_LIMIT)
         if isinstance(verdict, dict) and verdict.get("ok") and returncode == 0:
-            return self._publish(lease, attempt_dir, names)
+            identity = verdict.get("engine")
+            key = cache_key(job.input_sha256, job.spec, identity) if isinstance(identity, dict) else None
+            return self._publish(lease, attempt_dir, names, key)
         if isinstance(verdict, dict) and not verdict.get("ok"):
             error = verdict.get("error") if isinstance(verdict.get("error"), dict) else {}
             message = names.text(str(error.get("message") or "the engine failed without a message"))
@@ -211,7 +223,9 @@ class JobRunner:
                    f"need more than the job memory limit of {self.config.job_memory_mb} MiB")
         return JobState.FAILED if self._fail(lease, "EngineCrash", message) else None
 
-    def _publish(self, lease: Lease, attempt_dir: Path, names: PathNames) -> JobState | None:
+    def _publish(self, lease: Lease, attempt_dir: Path, names: PathNames,
+                 key: str | None = None) -> JobState | None:
+        """Publish a successful attempt; ``key`` is its result's cache key (None: not offered for reuse)."""
         artifact = attempt_dir / "model.onnx"
         try:
             report = Report.from_engine(_read_json(attempt_dir / "report.json", REPORT_LIMIT), names)
@@ -229,7 +243,8 @@ class JobRunner:
         if (attempt_dir / "model.onnx.data").is_file():
             storage.put_file(self.files.artifact_data_key(job_id, attempt), attempt_dir / "model.onnx.data")
         storage.put_file(self.files.artifact_key(job_id, attempt), artifact)
-        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=report.summary()):
+        if not self.store.publish(lease, artifact_bytes=size, artifact_sha256=digest, summary=report.summary(),
+                                  cache_key=key):
             storage.delete_prefix(self.files.attempt_prefix(job_id, attempt))
             return None
         self.files.remove_attempts_except(job_id, keep=attempt)
@@ -244,11 +259,11 @@ class JobRunner:
                                              "pass": self._last_pass.get(lease.job_id)})
         return failed
 
-    def _retry(self, lease: Lease, reason: str) -> JobState | None:
+    def _retry(self, lease: Lease, reason: str, *, release: bool = False) -> JobState | None:
         log.warning("attempt given back to the queue", extra={"job_id": lease.job_id, "attempt": lease.attempt,
                                                               "reason": reason,
                                                               "pass": self._last_pass.get(lease.job_id)})
-        state = self.store.retry(lease, reason)
+        state = (self.store.release if release else self.store.retry)(lease, reason)
         if state is JobState.QUEUED:
             self.enqueue(lease.job_id)
         return state

@@ -30,7 +30,8 @@ class JobSpec:
     @classmethod
     def validate(cls, places: str | None, options: Mapping[str, Any]) -> "JobSpec":
         """The spec of a submission, checked as the engine will check it (without the model). Options the
-        service reserves for itself are refused before this, by whoever accepts submissions.
+        service reserves for itself are refused before this, by whoever accepts submissions; ``cache``
+        (true or false: may the job reuse an earlier job's result) is the spec's own, not the engine's.
 
         Raises the engine's ``OptionsError`` naming the field; ``places`` None means the engine's default.
         """
@@ -39,11 +40,16 @@ class JobSpec:
 
         if "places" in options:
             raise OptionsError("places are given apart from the other options", field="places")
-        values = dict(options) if places is None else {**options, "places": places}
+        values = {k: v for k, v in options.items() if k != "cache"}
+        cache = options.get("cache", True)
+        if not isinstance(cache, bool):
+            raise OptionsError(f"cache must be true or false, not {cache!r}", field="cache")
+        if places is not None:
+            values["places"] = places
         parsed = OptimizeOptions.from_dict(values)
         validate_options(parsed)
         engine_options = parsed.to_dict()
-        return cls(places=engine_options.pop("places"), options=engine_options)
+        return cls(places=engine_options.pop("places"), options=engine_options, cache=cache)
 
     def engine_options(self) -> dict[str, Any]:
         """The dict the engine reads as ``OptimizeOptions``."""

@@ -269,8 +269,12 @@ class JobStore:
 
     # ---- the API side -------------------------------------------------------------------------------------
 
-    def create(self, new: NewJob) -> Job:
-        """Insert a queued job; raises IdempotencyConflict when its key is taken."""
+    def create(self, new: NewJob, cached: "Job | None" = None) -> Job:
+        """Insert a queued job; raises IdempotencyConflict when its key is taken.
+
+        With ``cached`` (a succeeded job whose outputs were copied to the new job's cached attempt, see
+        ``worker.jobs.result_cache``), the job is inserted succeeded with that job's result, and no attempt.
+        """
         now = self.clock()
         values = dict(id=new.id, state=JobState.QUEUED.value, created_at=now, updated_at=now, enqueued_at=now,
                       attempt=0, max_attempts=new.max_attempts, cancel_requested=False,
@@ -278,6 +282,13 @@ class JobStore:
                       input_sha256=new.input_sha256, spec=new.spec.to_dict(),
                       idempotency_key=new.idempotency_key, request_fingerprint=new.request_fingerprint,
                       owner=new.owner)
+        if cached is not None:
+            from worker.jobs.files import CACHED_ATTEMPT
+
+            values.update(state=JobState.SUCCEEDED.value, enqueued_at=None, started_at=now, finished_at=now,
+                          artifact_attempt=CACHED_ATTEMPT, artifact_bytes=cached.artifact_bytes,
+                          artifact_sha256=cached.artifact_sha256, summary=cached.summary,
+                          cache_key=cached.cache_key, cached_from=cached.id)
         try:
             with write_transaction(self.engine) as conn:
                 row = conn.execute(insert(jobs_table).values(**values).returning(*jobs_table.c)).one()
@@ -291,6 +302,17 @@ class JobStore:
     def get(self, job_id: str) -> Job | None:
         with read_transaction(self.engine) as conn:
             row = conn.execute(select(jobs_table).where(jobs_table.c.id == job_id)).first()
+        return Job.from_row(row) if row is not None else None
+
+    def find_cached(self, cache_key: str, owner: str | None = None) -> Job | None:
+        """The newest succeeded job of ``owner`` (None: jobs without one) whose result has this cache key
+        (``worker.jobs.result_cache``)."""
+        c = jobs_table.c
+        same_owner = c.owner.is_(None) if owner is None else c.owner == owner
+        query = (select(jobs_table).where(c.cache_key == cache_key, c.state == JobState.SUCCEEDED.value, same_owner)
+                 .order_by(c.finished_at.desc()).limit(1))
+        with read_transaction(self.engine) as conn:
+            row = conn.execute(query).first()
         return Job.from_row(row) if row is not None else None
 
     def find_by_idempotency_key(self, key: str) -> Job | None:
@@ -404,10 +426,12 @@ class JobStore:
         return Beat(owned=True, cancel_requested=bool(cancel))
 
     def publish(self, lease: Lease, *, artifact_bytes: int, artifact_sha256: str,
-                summary: dict[str, Any]) -> bool:
-        """Mark the attempt's outputs as the job's artifact, in one commit, if the lease is still ours."""
+                summary: dict[str, Any], cache_key: str | None = None) -> bool:
+        """Mark the attempt's outputs as the job's artifact, in one commit, if the lease is still ours;
+        ``cache_key`` names the result for later jobs (``worker.jobs.result_cache``)."""
         return self._finish(lease, JobState.SUCCEEDED, artifact_attempt=lease.attempt,
-                            artifact_bytes=artifact_bytes, artifact_sha256=artifact_sha256, summary=summary)
+                            artifact_bytes=artifact_bytes, artifact_sha256=artifact_sha256, summary=summary,
+                            cache_key=cache_key)
 
     def fail(self, lease: Lease, error_type: str, message: str, error_field: str | None = None, *,
              expired_before: datetime | None = None) -> bool:
@@ -436,6 +460,11 @@ class JobStore:
                        f"(the maximum is {lease.max_attempts})")
             failed = self.fail(lease, "AttemptsExhausted", message, expired_before=expired_before)
             return JobState.FAILED if failed else None
+        return self.release(lease, reason, expired_before=expired_before)
+
+    def release(self, lease: Lease, reason: str, *, expired_before: datetime | None = None) -> JobState | None:
+        """Give the job back to the queue whatever its attempts (a worker shutting down: the attempt was not
+        the job's fault); QUEUED, or None when the lease was no longer ours."""
         now = self.clock()
         with write_transaction(self.engine) as conn:
             requeued = conn.execute(update(jobs_table).where(self._owned(lease, expired_before)).values(
@@ -443,6 +472,12 @@ class JobStore:
                 worker_id=None, enqueued_at=now, updated_at=now,
                 retry_reason=f"attempt {lease.attempt}: {reason}")).rowcount
         return JobState.QUEUED if requeued == 1 else None
+
+    def count_queued(self) -> int:
+        """Jobs waiting for a worker (the API's backpressure limit counts these)."""
+        query = select(func.count()).select_from(jobs_table).where(jobs_table.c.state == JobState.QUEUED.value)
+        with read_transaction(self.engine) as conn:
+            return int(conn.execute(query).scalar_one())
 
     # ---- the reaper side ----------------------------------------------------------------------------------
 
