@@ -400,8 +400,19 @@ def main() -> None:
     if args.markdown:
         from worker.engine.atomic import atomic_path
         command = "python bench/compare.py " + " ".join(sys.argv[1:])
+        kept = kept_sections(args.markdown)
         with atomic_path(args.markdown) as target:
-            target.write_text(markdown(models, command.strip()))
+            target.write_text(markdown(models, command.strip()) + kept)
+
+
+#: Sections of BENCHMARKS.md that other bench scripts write (bench/transformer_bench.py): kept as they are.
+KEPT_SECTION = "\n## Transformer exports"
+
+
+def kept_sections(path: Path) -> str:
+    text = path.read_text() if path.exists() else ""
+    start = text.find(KEPT_SECTION)
+    return "" if start < 0 else "\n" + text[start:]
 
 
 def measure_model(model: ModelRuns, work: Path, args) -> None:

@@ -37,9 +37,9 @@ FORM_SCHEMA = {
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
                                        "check_support_only, verify, verify_runs, rtol, atol, dim_bounds, "
-                                       "cut_start, cut_end, strict; and cache (default true: reuse the "
-                                       "result of an earlier job with the same model, places, options and "
-                                       "engine; false: run anyway)"},
+                                       "cut_start, cut_end, target_opset, strict; and cache (default true: "
+                                       "reuse the result of an earlier job with the same model, places, options "
+                                       "and engine; false: run anyway)"},
         },
     }}},
 }

@@ -84,7 +84,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     directory = output_path.parent if str(output_path.parent) else Path(".")
     if not directory.is_dir():
         raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
-    model = load_model(model_path, external_data_dir=external_data_dir)
+    model = load_model(model_path, external_data_dir=external_data_dir, target_opset=options.target_opset)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}

@@ -59,6 +59,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
                      help="do not run this pass (repeatable; `mirserve passes` lists them)")
     cmd.add_argument("--pipeline", default="default", help="named pipeline to run (default: %(default)s)")
     cmd.add_argument("--portable", action="store_true", help="emit standard ONNX ops only")
+    cmd.add_argument("--target-opset", type=int, metavar="N",
+                     help="raise the model's opset to N first (onnx's version converter), so fusions into newer "
+                          "ops apply: Gelu (20), RMSNormalization (23), ...")
     cmd.add_argument("--fp16-storage", action="store_true",
                      help="store float weights as fp16 in the file (a calib to fp32 where a kernel needs it)")
     cmd.add_argument("--no-host-fallback", action="store_true",
@@ -166,7 +169,7 @@ def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
         verify=not args.no_verify, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
         fp16_storage=args.fp16_storage, host_fallback=not args.no_host_fallback,
         check_support_only=getattr(args, "check_support", False), cut_start=_value_names(args.cut_start),
-        cut_end=_value_names(args.cut_end), **({"strict": True} if args.strict else {}),
+        cut_end=_value_names(args.cut_end), target_opset=args.target_opset, **({"strict": True} if args.strict else {}),
     )
 
 

@@ -7,10 +7,15 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
+from onnx.defs import onnx_opset_version
+
 from worker.engine.errors import OptionsError
 from worker.engine.places import DEFAULT_PLACES
 
 MAX_OPT_LEVEL = 2
+#: The opsets a model may be raised to: onnx's version converter starts at 7 (the first opset with
+#: broadcasting as it is now) and ends at the newest opset the installed onnx defines.
+MIN_TARGET_OPSET, MAX_TARGET_OPSET = 7, onnx_opset_version()
 
 
 def strict_default() -> bool:
@@ -38,6 +43,9 @@ class OptimizeOptions:
     #: inputs and outputs. Either may be empty: the model's own inputs or outputs then bound the cut.
     cut_start: Sequence[str] = ()
     cut_end: Sequence[str] = ()
+    #: Raise the model's opset to this one first (onnx's version converter), so fusions into ops of newer
+    #: opsets apply (Gelu 20; RMSNormalization, RotaryEmbedding, Attention 23). None keeps the model's opset.
+    target_opset: int | None = None
     #: A pass that fails (a bug, not a user error) fails the run, instead of being undone with a warning.
     strict: bool = field(default_factory=strict_default)
 
@@ -75,6 +83,10 @@ class OptimizeOptions:
             _expect(isinstance(getattr(self, name), bool), name, "must be true or false")
         _expect(isinstance(self.verify_runs, int) and not isinstance(self.verify_runs, bool)
                 and 1 <= self.verify_runs <= 16, "verify_runs", "must be an integer from 1 to 16")
+        _expect(self.target_opset is None or (isinstance(self.target_opset, int)
+                                              and not isinstance(self.target_opset, bool)
+                                              and MIN_TARGET_OPSET <= self.target_opset <= MAX_TARGET_OPSET),
+                "target_opset", f"must be an integer from {MIN_TARGET_OPSET} to {MAX_TARGET_OPSET}")
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             _expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)

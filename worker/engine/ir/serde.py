@@ -18,9 +18,9 @@ from typing import BinaryIO, Callable, Iterable
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper, version_converter
 
-from worker.engine.errors import ModelError
+from worker.engine.errors import ModelError, OptionsError
 from worker.engine.atomic import atomic_path
 from worker.engine.ir import wire
 from worker.engine.ir.journal import tracked
@@ -96,8 +96,10 @@ def _expected_nbytes(dtype: int, shape: tuple[int, ...]) -> int | None:
 
 # --- loading ---------------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike | None = None,
-               limits: Limits = Limits()) -> Model:
+               limits: Limits = Limits(), target_opset: int | None = None) -> Model:
     """Read an ONNX file into the IR. Raises ModelError with a message that says what is wrong and where.
+
+    ``target_opset`` raises the model's default-domain opset to it first (see ``raise_opset``).
 
     External data is read only from inside ``external_data_dir``, which the caller passes only for a model
     it trusts (a local file named on the command line); without it any external reference is refused.
@@ -126,7 +128,45 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
     _check_limits(proto.graph, limits, path)
     external = ExternalData(external_data_dir) if external_data_dir is not None else None
     check_external_data(proto, external)
+    if target_opset is not None:
+        proto, spans = raise_opset(proto, spans, target_opset, path)
     return _Reader(path, buffer, spans, external, limits).model(proto)
+
+
+def raise_opset(proto: onnx.ModelProto, spans: dict[int, wire.RawSpan], target: int,
+                path: Path) -> tuple[onnx.ModelProto, dict[int, wire.RawSpan]]:
+    """The model converted to default-domain opset ``target`` by onnx's version converter, which rewrites the
+    ops whose signature changed (Split's split attribute to an input, ...), so fusions into newer ops (Gelu 20,
+    RMSNormalization 23, ...) may apply; the IR version is raised to the one the opset needs.
+
+    It works on the stripped protobuf: the converter keeps initializers by name, so the payload spans are
+    carried over by name. A model already at ``target`` is unchanged; a lower target is refused (opsets are
+    raised, never lowered) and so is a model the converter cannot convert, saying why.
+    """
+    current = next((e.version for e in proto.opset_import if e.domain in ("", "ai.onnx")), None)
+    if current is None:
+        raise ModelError(f"{path}: the model imports no default-domain opset, so there is none to raise")
+    if target < current:
+        raise OptionsError(f"target_opset {target} is below the model's opset {current}: mirserve raises opsets, "
+                           f"never lowers them", field="target_opset")
+    if target == current:
+        return proto, spans
+    names = {index: tensor.name for index, tensor in enumerate(proto.graph.initializer)}
+    try:
+        converted = version_converter.convert_version(proto, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors and C++ errors with the op named
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{path}: onnx's version converter cannot raise the opset from {current} to {target}: "
+                         f"{message}") from None
+    by_name = {names[index]: span for index, span in spans.items()}
+    moved = {index: by_name[tensor.name] for index, tensor in enumerate(converted.graph.initializer)
+             if tensor.name in by_name and not tensor.raw_data}
+    if len(moved) != len(spans):
+        raise ModelError(f"{path}: onnx's version converter dropped or rewrote initializers while raising the "
+                         f"opset from {current} to {target}")
+    needed = helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
+    converted.ir_version = max(converted.ir_version, needed)
+    return converted, moved
 
 
 def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:

@@ -75,12 +75,16 @@ CLEANUP: tuple[str, ...] = (
     "eliminate_common_subexpression", "eliminate_duplicate_initializer", "eliminate_deadend",
     "eliminate_unused_initializer",
 )
+#: Chains recognised by their structure and constants (normalizations and activations written out op by op),
+#: first in each round: before any fold moves their constants into weights, and before a cleanup such as
+#: eliminate_reshape_before_binaryop reroutes one reader of a chain's input and so splits the chain (GPT-2's
+#: tanh Gelu reads one Reshape from three ops).
+CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse")
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
-#: Order: activation/normalization chains are recognised by their constants before any fold moves those
-#: constants into weights; BatchNormalization absorbs its trailing affine before it folds into a conv.
+#: Order: BatchNormalization absorbs its trailing affine before it folds into a conv.
 FUSE: tuple[str, ...] = (
-    "layer_norm_fuse", "gelu_fuse", "hard_swish_fuse", "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse",
-    "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse", "fc_fuse", "gemm_bn_fuse", "fold_scale_axis",
+    "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse", "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse",
+    "fc_fuse", "gemm_bn_fuse", "fold_scale_axis", "split_fuse",
 )
 REPLACE: tuple[str, ...] = (
     "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",
@@ -88,7 +92,7 @@ REPLACE: tuple[str, ...] = (
 )
 #: All of the above, repeated together until nothing changes: a fusion often exposes an elimination and the
 #: other way round.
-SIMPLIFY: tuple[str, ...] = CLEANUP + FUSE + REPLACE
+SIMPLIFY: tuple[str, ...] = CHAINS + CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
 DOMAIN_FUSE: tuple[str, ...] = ("qlinear_fuse", "shuffle_channel_fuse", "conv_activation_fuse",
                                  "gemm_activation_fuse", "elementwise_activation_fuse")

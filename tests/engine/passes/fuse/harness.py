@@ -52,10 +52,10 @@ def optimize(tmp_path: Path, proto: onnx.ModelProto, passes: Sequence[str], *, s
     random inputs (``fixed`` overrides some of them). ``valid=False`` is for inputs onnx rejects."""
     before = tmp_path / "before.onnx"
     onnx.save(proto, str(before))
-    model = load_model(before)
+    model = load_model(before, target_opset=options.get("target_opset"))
     apply_input_shapes(model.graph, shapes or {})
     opts = OptimizeOptions(input_shapes=shapes or {}, **options)
-    ctx = PassContext(model, opts, parse_places(opts.places))
+    ctx = PassContext(model, opts, parse_places(opts.places, host_fallback=opts.host_fallback))
     trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", *passes])
     if valid:
         assert_typed(model)

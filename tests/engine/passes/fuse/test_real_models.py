@@ -13,7 +13,7 @@ from worker.engine.numeric import verify
 from worker.engine.options import OptimizeOptions
 from worker.engine.passes import PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
-from worker.engine.passes.pipelines import FUSE, REPLACE, SIMPLIFY, FixedPoint
+from worker.engine.passes.pipelines import CHAINS, FUSE, REPLACE, SIMPLIFY, FixedPoint
 from worker.engine.places import parse_places
 
 
@@ -51,7 +51,7 @@ def test_the_pp_ocr_detector_loses_its_bn_affine_and_hard_swish_chains(tmp_path)
     from tests.conftest import CORPUS
 
     before, after, trace = simplify(CORPUS / "ch_PP-OCRv4_det_infer.onnx", tmp_path / "out.onnx")
-    done = rewrites(trace, set(FUSE) | set(REPLACE))
+    done = rewrites(trace, set(CHAINS) | set(FUSE) | set(REPLACE))
     # 24 paddle2onnx hard-swish chains, conv + scalar Mul/Add of the MobileOne blocks, the BN of the head
     assert done["hard_swish_fuse"] == 24 and done["conv_bn_fuse"] == 3
     assert done["conv_scale_fuse"] >= 28 and done["conv_elementwise_fuse"] >= 30

@@ -10,28 +10,12 @@ from __future__ import annotations
 
 from worker.engine.ir import Node, Value
 from worker.engine.passes.base import PassContext, PassKind, PassResult
-from worker.engine.passes.support.operands import int_list
+from worker.engine.passes.support.operands import slice_arguments
 from worker.engine.passes.support.shapes import same_dim
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
 
 INT32_MAX = 2**31 - 1
-
-
-def slice_arguments(node: Node, opset: int) -> tuple[list[int], list[int], list[int] | None, list[int] | None] | str:
-    """(starts, ends, axes or None, steps or None), or a sentence when they are not known."""
-    if opset < 10:
-        starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
-        if starts is None or ends is None:
-            return "its starts or ends are missing"
-        return list(starts), list(ends), None if axes is None else list(axes), None
-    starts, ends = int_list(node.input(1)), int_list(node.input(2))
-    axes = int_list(node.input(3)) if node.input(3) is not None else None
-    steps = int_list(node.input(4)) if node.input(4) is not None else None
-    if starts is None or ends is None or (node.input(3) is not None and axes is None) \
-            or (node.input(4) is not None and steps is None):
-        return "its starts, ends, axes or steps are not known at optimization time"
-    return starts, ends, axes, steps
 
 
 def covers_axis(start: int, end: int, dim) -> bool:

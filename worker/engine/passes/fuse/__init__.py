@@ -12,4 +12,6 @@ from worker.engine.passes.fuse import (  # noqa: F401  (registration)
     layer_norm_fuse,
     pad_conv_fuse,
     pad_pool_fuse,
+    rms_norm_fuse,
+    split_fuse,
 )

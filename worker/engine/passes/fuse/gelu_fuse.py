@@ -5,8 +5,9 @@
 
 The product may be spelled in any of the orders exporters use and x / sqrt(2) as x * (1 / sqrt(2))
 (``support/activations.py`` lists the forms; their constants must match to its one tolerance). Refused
-before opset 20, where Gelu does not exist (onnxruntime's own Gelu is a contrib op, out of scope for
-standard-op output). Numeric effect: the runtime's Gelu instead of the chain (last-bit rounding).
+before opset 20, where Gelu does not exist (``--target-opset 20`` raises it; onnxruntime's own Gelu is a contrib
+op, out of scope for standard-op output), and where no valid place has a Gelu kernel. Numeric effect: the
+runtime's Gelu instead of the chain (last-bit rounding).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import Form, Params, forms
+from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.weights import FLOAT_TYPES
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -29,8 +31,9 @@ class GeluChain(Rule):
         return p
 
     def check(self, ctx: PassContext, match: Match) -> Params | str:
-        if ctx.opset() < 20:
-            return f"Gelu needs opset 20, and the model imports opset {ctx.opset()}"
+        refusal = standard_op_refusal(ctx, "Gelu", 20)
+        if refusal:
+            return refusal
         if match.value("x").dtype not in FLOAT_TYPES:
             return f"the input of the Gelu chain at {describe(match.node('nonlinear'))} is not a float tensor"
         return self.form.read(match, ctx.opset())

@@ -15,44 +15,12 @@ import numpy as np
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
-from worker.engine.passes.support.operands import axes_of
+from worker.engine.passes.support.normalization import affine_constant, normalized_axes, scalar, trailing_axis
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
 AFFINE = ("full", "scale", "none")
-
-
-def scalar(value) -> float | None:
-    data = None if value is None else value.constant_value()
-    return None if data is None or data.size != 1 else float(np.reshape(data, -1)[0])
-
-
-def normalized_axes(reduce, opset: int, rank: int) -> list[int] | None:
-    """The dims a ReduceMean averages over, normalized; None when not known or keepdims is off."""
-    if not reduce.attr("keepdims", 1):
-        return None
-    axes = axes_of(reduce, opset)
-    if axes is None:
-        if reduce.attr("noop_with_empty_axes", 0):
-            return None
-        return list(range(rank))
-    return sorted(a % rank for a in axes)
-
-
-def affine_constant(value, x_shape, axis: int) -> np.ndarray | None:
-    """gamma/beta broadcast to exactly the normalized shape; None when they vary along other dims."""
-    data = value.constant_value()
-    rank = len(x_shape)
-    if data is None or data.ndim > rank:
-        return None
-    aligned = data.reshape((1,) * (rank - data.ndim) + data.shape)
-    if any(d != 1 for d in aligned.shape[:axis]):
-        return None
-    try:
-        return np.broadcast_to(aligned.reshape(aligned.shape[axis:]), tuple(x_shape[axis:])).copy()
-    except ValueError:
-        return None
 
 
 class LayerNormChain(Rule):
@@ -85,7 +53,7 @@ class LayerNormChain(Rule):
         axes = normalized_axes(match.node("mean_op"), ctx.opset(), rank)
         if axes is None or axes != normalized_axes(match.node("var_op"), ctx.opset(), rank):
             return None
-        return axes[0] if axes == list(range(axes[0], rank)) else None
+        return trailing_axis(axes, rank)
 
     def check(self, ctx: PassContext, match: Match) -> int | str:
         """The first normalized axis, or why the chain is not a LayerNormalization."""

@@ -1,0 +1,56 @@
+"""The transformer fusions on real exports: models of the transformers library built from tiny random configs
+(one layer, hidden 32) and exported by both torch exporters (``bench/transformer_exports.py --size tiny``,
+committed in tests/engine/data/transformers). Raised to opset 23 and run at --portable, each loses the
+decomposed forms the fusions target, and every output agrees with the export's on onnxruntime."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+from worker.engine.api import optimize
+from worker.engine.options import OptimizeOptions
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "transformers"
+EXPORTERS = ("dynamo", "torchscript")
+
+#: model -> the fused ops the one-layer export must end with (standard ops only), and the op types that
+#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models split q and k in halves.
+EXPECTED = {
+    "bert": ({"Gelu": 1}, {"Erf", "Div"}),
+    "gpt2": ({"Gelu": 1}, {"Tanh", "Pow"}),
+    "phi": ({"Gelu": 1}, {"Tanh", "Pow", "Slice"}),
+    "llama": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
+    "qwen2": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
+    "t5_encoder": ({"RMSNormalization": 3}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal"}),
+}
+CASES = [(model, exporter) for model in EXPECTED for exporter in EXPORTERS]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("model, exporter", CASES, ids=[f"{m}.{e}" for m, e in CASES])
+def test_portable_output_at_opset_23_has_the_fused_ops(tmp_path, model, exporter):
+    source = DATA / f"{model}.{exporter}.onnx"
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(portable=True, target_opset=23, verify_runs=2))
+    assert report["verification"]["passed"], report["verification"]
+    ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx")).graph.node)
+    fused, gone = EXPECTED[model]
+    assert {op: ops[op] for op in fused} == fused
+    assert not {op for op in gone if ops[op]}, ops
+    assert report["model"]["output"]["nodes"] < len(onnx.load(str(source)).graph.node)
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_at_the_exporters_opset_only_what_the_opset_has_is_fused(tmp_path, exporter):
+    """Without --target-opset, a TorchScript export (opset 17) keeps its RMSNorm chains and says why."""
+    source = DATA / f"llama.{exporter}.onnx"
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(portable=True))
+    assert report["verification"]["passed"]
+    ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx")).graph.node)
+    assert ops["RMSNormalization"] == 0 and ops["Split"] == 2
+    refusals = [r for entry in report["trace"] if entry["pass"] == "rms_norm_fuse" for r in entry.get("refusals", {})]
+    opset = 20 if exporter == "dynamo" else 17
+    assert any(f"RMSNormalization needs opset 23, and the model imports opset {opset}" in r for r in refusals)
