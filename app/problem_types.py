@@ -16,6 +16,18 @@ class ProblemType:
 
 
 PROBLEM_TYPES: dict[str, ProblemType] = {
+    "unauthorized": ProblemType(
+        401, "Unauthorized",
+        "The request has no API key, or its key is unknown, expired or revoked. Every route but the health "
+        "checks needs `Authorization: Bearer <key>` where the service uses keys (MIRSERVE_AUTH=keys).",
+        "Send your key as a bearer token (the client and the remote commands take MIRSERVE_TOKEN or --token); "
+        "the operator makes keys with `mirserve keys create`."),
+    "quota-exceeded": ProblemType(
+        429, "Quota exceeded",
+        "A limit of your account is reached; `limit` names it: `active_jobs` (jobs queued or running), "
+        "`stored_bytes` (uploads and artifacts your jobs keep) or `uploads_per_minute`. `maximum` is the limit "
+        "and `current` where you are. Nothing of the refused submission was kept.",
+        "Wait for Retry-After seconds; for `stored_bytes`, delete jobs you no longer need."),
     "invalid-option": ProblemType(
         422, "Invalid option",
         "A place or an engine option of the submission is malformed or names something that does not exist: a "

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
 from app.errors import Conflict, InvalidRequest, NotFound, ServiceError, Unavailable
+from app.quotas import QuotaExceeded
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 log = logging.getLogger("mirserve.api")
@@ -91,7 +92,7 @@ async def _on_problem(request: Request, error: ProblemError) -> JSONResponse:
 
 #: The status of each kind of service error (the most specific class listed wins).
 SERVICE_ERROR_STATUS: dict[type[ServiceError], int] = {NotFound: 404, Conflict: 409, InvalidRequest: 422,
-                                                       Unavailable: 503}
+                                                       Unavailable: 503, QuotaExceeded: 429}
 
 
 def service_error_status(error: ServiceError) -> int:
@@ -99,7 +100,8 @@ def service_error_status(error: ServiceError) -> int:
 
 
 async def _on_service_error(request: Request, error: ServiceError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, Unavailable) else None
+    retry_after = getattr(error, "retry_after", None)  # Unavailable, QuotaExceeded
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return problem_response(request, service_error_status(error), detail=error.detail, slug=error.code,
                             field=error.field, headers=headers, **error.extensions)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from app.downloads import Reader, TarMember, TarOfFiles
 from app.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from app.metrics import Metrics
+from app.quotas import UploadRate, check_active_jobs, check_stored_bytes
 from app.schemas import JobArtifact, JobError, JobInput, JobLinks, JobOut, JobProgress, JobSummary
 from app.settings import Settings
 from app.uploads import Upload
@@ -47,6 +48,10 @@ class Services:
     @cached_property
     def keys(self) -> KeyStore:
         return KeyStore(self.store)
+
+    @cached_property
+    def upload_rate(self) -> UploadRate:
+        return UploadRate(self.settings.quota_uploads_per_minute)
 
     def close(self) -> None:
         self.queue.close()
@@ -138,8 +143,18 @@ def parse_callback(fields: Mapping[str, str], settings: Settings) -> str | None:
         raise InvalidRequest("callback-refused", str(refusal), field="callback_url") from None
 
 
+def admit_submission(services: Services, principal: Principal) -> None:
+    """The quotas a submission must be within before its body is read (app.quotas); admins have none."""
+    if principal.is_admin:
+        return
+    services.upload_rate.admit(principal.owner)
+    usage = services.store.usage(principal.owner)
+    check_active_jobs(principal.owner, usage.active_jobs, services.settings.quota_active_jobs)
+    check_stored_bytes(principal.owner, usage.stored_bytes, 0, services.settings.quota_stored_bytes)
+
+
 def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idempotency_key: str | None,
-           callback_url: str | None = None, owner: str | None = None) -> tuple[Job, bool]:
+           callback_url: str | None = None, principal: Principal | None = None) -> tuple[Job, bool]:
     """Make the stored upload a new queued job and enqueue it; returns (job, created).
 
     With an Idempotency-Key already used for the same request, the existing job is returned (created False);
@@ -147,8 +162,12 @@ def submit(services: Services, job_id: str, upload: Upload, spec: JobSpec, idemp
     keys are each owner's own: two owners using the same key never meet. A request an earlier job of the same
     owner already answered (``worker.jobs.result_cache``) is a job succeeded at once, never queued.
     """
+    owner = principal.owner if principal is not None else None
     try:
         check_archive(services, job_id)
+        if principal is not None and not principal.is_admin:  # now that the upload's size is known
+            check_stored_bytes(owner, services.store.usage(owner).stored_bytes, upload.bytes,
+                               services.settings.quota_stored_bytes)
     except BaseException:
         services.files.remove_job(job_id)
         raise

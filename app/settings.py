@@ -19,6 +19,14 @@ class Settings(JobSettings):
                                           "service on 127.0.0.1 only")
     allow_insecure: bool = Field(False, description="allow MIRSERVE_AUTH=none on an address other than loopback")
     metrics_auth: bool = Field(False, description="/metrics needs an API key too")
+    # Per owner of a user key (admins have no limits); 0: no limit. See app.quotas.
+    quota_active_jobs: int = Field(10, ge=0, description="queued and running jobs per owner")
+    quota_stored_mb: float = Field(10240.0, ge=0, description="uploads and artifacts kept per owner")
+    quota_uploads_per_minute: int = Field(30, ge=0, description="submissions per owner and minute, per API process")
+
+    @property
+    def quota_stored_bytes(self) -> int:
+        return int(self.quota_stored_mb * (1 << 20))
 
     @property
     def max_upload_bytes(self) -> int:

@@ -55,13 +55,14 @@ def _submit_limiter(request: Request) -> anyio.CapacityLimiter:
 
 
 @router.post("/optimize", status_code=202, response_model=JobOut, openapi_extra={"requestBody": FORM_SCHEMA},
-             responses={**problem_responses(400, 413, 415, 422, 503),
+             responses={**problem_responses(400, 413, 415, 422, 429, 503),
                         202: {"headers": {"Location": {"schema": {"type": "string"}},
                                           "Retry-After": {"schema": {"type": "string"}}}}})
 async def optimize(request: Request, response: Response, services: ServicesDep, principal: PrincipalDep,
                    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                                  max_length=255, pattern=r"^[\x21-\x7e]+$")] = None):
     """Upload a model with its places and options; the job is validated, stored and queued."""
+    await anyio.to_thread.run_sync(jobs.admit_submission, services, principal)  # 429 before the body is read
     if services.settings.max_queued:
         await anyio.to_thread.run_sync(jobs.check_capacity, services, limiter=_submit_limiter(request))
     job_id = new_job_id()
@@ -75,7 +76,7 @@ async def optimize(request: Request, response: Response, services: ServicesDep, 
         await anyio.to_thread.run_sync(jobs.discard_input, services, job_id)
         raise
     job, _created = await anyio.to_thread.run_sync(jobs.submit, services, job_id, upload, spec, idempotency_key,
-                                                   callback, principal.owner, limiter=_submit_limiter(request))
+                                                   callback, principal, limiter=_submit_limiter(request))
     response.headers["Location"] = f"/jobs/{job.id}"
     response.headers["Retry-After"] = jobs.RETRY_AFTER_SECONDS
     return jobs.job_out(job)

@@ -194,9 +194,8 @@ class NewJob:
 class OwnerUsage:
     """One owner's share of the service at one moment (``JobStore.usage``)."""
 
-    active_jobs: int              # queued or running
-    stored_bytes: int             # uploads and artifacts of the jobs the table holds
-    submitted_since: list[datetime]  # creation times of the jobs submitted in the window asked for, oldest first
+    active_jobs: int    # queued or running
+    stored_bytes: int   # uploads and artifacts of the jobs the table holds
 
 
 @dataclass(frozen=True)
@@ -333,17 +332,15 @@ class JobStore:
             total = conn.execute(select(func.count()).select_from(jobs_table).where(where)).scalar_one()
         return [Job.from_row(r) for r in rows], total
 
-    def usage(self, owner: str, since: datetime) -> "OwnerUsage":
-        """What one owner holds now, for the quotas: unfinished jobs, stored bytes, jobs submitted since."""
+    def usage(self, owner: str) -> "OwnerUsage":
+        """What one owner holds now, for the quotas: unfinished jobs and stored bytes."""
         c = jobs_table.c
         active = [JobState.QUEUED.value, JobState.RUNNING.value]
         stored = func.coalesce(func.sum(c.input_bytes + func.coalesce(c.artifact_bytes, 0)), 0)
         with read_transaction(self.engine) as conn:
             jobs = conn.execute(select(func.count()).where(c.owner == owner, c.state.in_(active))).scalar_one()
             total = conn.execute(select(stored).where(c.owner == owner)).scalar_one()
-            recent = conn.execute(select(c.created_at).where(c.owner == owner, c.created_at >= since)
-                                  .order_by(c.created_at)).scalars().all()
-        return OwnerUsage(active_jobs=int(jobs), stored_bytes=int(total), submitted_since=list(recent))
+        return OwnerUsage(active_jobs=int(jobs), stored_bytes=int(total))
 
     def counts(self) -> dict[JobState, int]:
         query = select(jobs_table.c.state, func.count()).group_by(jobs_table.c.state)
