@@ -80,7 +80,12 @@ def cases():
         ("Slice", [F, i64(2**63 - 1), i64(0), i64(0), i64(-3)], {}, 17),
         ("Slice", [F, i64(-2**63), i64(2**63 - 1), i64(0), i64(4)], {}, 17),
         ("Slice", [EMPTY, i64(0), i64(1), i64(0)], {}, 17),
-        ("Slice", [F[:5].copy(), i64(-7), i64(-6), i64(0), i64(-2)], {}, 17),  # ONNX clamps start to 0 ("Slice", [F, i64(0), i64(5), i64(0), i64(0)], {}, 17),
+        ("Slice", [F[:5].copy(), i64(-7), i64(-6), i64(0), i64(-2)], {}, 17),  # ONNX clamps start to 0
+        ("Slice", [F, i64(0), i64(5), i64(0), i64(0)], {}, 17),
+        # a negative step with the end at INT64_MAX or INT32_MAX runs to the first element in onnxruntime
+        ("Slice", [F[:5].copy(), i64(-6), i64(2**63 - 1), i64(0), i64(-2)], {}, 17),
+        ("Slice", [F[:5].copy(), i64(3), i64(2**31 - 1), i64(0), i64(-1)], {}, 17),
+        ("Slice", [F[:5].copy(), i64(3), i64(2**63 - 2), i64(0), i64(-1)], {}, 17),
         ("Reshape", [EMPTY, i64(0, -1)], {}, 17), ("Reshape", [EMPTY, i64(-1)], {}, 17),
         ("Reshape", [EMPTY, i64(3, 0)], {"allowzero": 1}, 17), ("Reshape", [SCALAR, i64(1, 1)], {}, 17),
         ("Reshape", [np.ones(1, np.float32), np.zeros(0, np.int64)], {}, 17),

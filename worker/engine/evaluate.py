@@ -279,9 +279,18 @@ def _slice(node, x, opset):
     return [data[tuple(index)]]
 
 
+#: Ends that onnxruntime reads as "past the first element" when the step is negative (the largest int64 and
+#: int32: exporters write either for "to the end", whichever the direction).
+_OPEN_ENDS = frozenset({2**63 - 1, 2**31 - 1})
+
+
 def slice_bounds(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
-    """ONNX's clamping of one axis's start and end (Python's differs: a start before the first element with a
-    negative step is -1 there, an empty slice, and 0 in ONNX, the first element)."""
+    """ONNX's clamping of one axis's start and end as onnxruntime does it (Python's differs: a start before the
+    first element with a negative step is -1 there, an empty slice, and 0 in ONNX, the first element; and an
+    end of INT64_MAX or INT32_MAX with a negative step runs to the first element in onnxruntime, where the
+    spec's clamp would give an empty slice)."""
+    if step < 0 and end in _OPEN_ENDS:
+        end = -1 - dim
     start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
     if step > 0:
         return min(max(start, 0), dim), min(max(end, 0), dim)
