@@ -55,3 +55,11 @@ def test_keepdims_zero_and_partial_axes_are_refused(tmp_path):
     assert out.ops == ["ReduceMean"] and out.refused("keepdims=0")
     out = optimize(tmp_path, model([("ReduceMean", [1, 2, 3], 1)]), [PASS])
     assert out.ops == ["ReduceMean"] and out.refused("average dims [1, 2, 3], not exactly the spatial dims")
+
+
+@pytest.mark.parametrize("x_shape", [(1, 0, 7), (1, 3, 0, 4)])
+def test_an_empty_input_keeps_its_reduction(tmp_path, x_shape):
+    """onnxruntime's global pooling fails on an empty tensor where ReduceMean runs (found by bench/fuzz.py)."""
+    axes = list(range(2, len(x_shape)))
+    out = optimize(tmp_path, model([("ReduceMean", axes, 1)], x_shape=x_shape), [PASS], valid=False, check=False)
+    assert out.ops == ["ReduceMean"] and out.refused("is empty")

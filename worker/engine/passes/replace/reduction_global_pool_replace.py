@@ -6,7 +6,8 @@
     ReduceMax likewise                                               ->  GlobalMaxPool(x)
 
 Any rank >= 3 works (the spatial dims are 2..rank-1); axes come from the attribute or, from opset 18 (13 for
-ReduceSum, not used here), from the constant input. keepdims=0 is refused: global pooling keeps the dims.
+ReduceSum, not used here), from the constant input. keepdims=0 is refused: global pooling keeps the dims. An input with a zero dim is refused: onnxruntime's
+global pooling fails on it, where the reduction runs.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class _ReduceRule(Rule):
         first = self.reductions(match)[0]
         if rank is None or rank < 3:
             return f"the input of {describe(first)} has unknown rank or no spatial dims"
+        if 0 in (match.value("x").shape or ()):
+            return f"the input of {describe(first)} is empty, and onnxruntime's global pooling refuses empty " \
+                   f"tensors where the reduction gives an empty or NaN result"
         covered: list[int] = []
         for node in self.reductions(match):
             if not node.attr("keepdims", 1):
