@@ -25,7 +25,7 @@ class Settings(JobSettings):
     oidc_audience: str | None = Field(None, description="the 'aud' every accepted JWT must carry")
     oidc_owner_claim: str = Field("sub", description="the claim that names a token's owner")
     oidc_roles_claim: str = Field("roles", description="the claim listing a token's roles")
-    oidc_admin_role: str = Field("mirserve-admin", description="the role that makes a token an admin")
+    oidc_admin_role: str = Field(default="mirserve-admin", description="the role that makes a token an admin")
     # Per owner of a user key (admins have no limits); 0: no limit. See app.quotas.
     quota_active_jobs: int = Field(10, ge=0, description="queued and running jobs per owner")
     quota_stored_mb: float = Field(10240.0, ge=0, description="uploads and artifacts kept per owner")
