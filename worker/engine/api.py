@@ -20,7 +20,7 @@ from worker.engine.cli import (add_option_arguments, add_output_arguments, add_p
                                add_plugin_argument, build_parser, check_picture_targets, options_from_args,
                                print_outcome, write_pictures)
 from worker.engine.cli import main as run_cli
-from worker.engine.errors import OptionsError
+from worker.engine.errors import OptionsError, VerificationError
 from worker.engine.ir import load_model, save_model
 from worker.engine.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, verify
 from worker.engine.memory import formulas
@@ -84,11 +84,14 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     directory = output_path.parent if str(output_path.parent) else Path(".")
     if not directory.is_dir():
         raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
-    model = load_model(model_path, external_data_dir=external_data_dir, target_opset=options.target_opset)
+    limits = options.limits
+    model = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
+                       target_opset=options.target_opset)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}
-    ctx = PassContext(model=model, options=options, places=places, kernels=default_table())
+    ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
+                      input_bytes=before["bytes"])
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
@@ -109,11 +112,19 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
             if options.verify:
                 shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
-                                      shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol)
+                                      shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
+                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+                if verification["passed"] is None and not options.allow_unverified:
+                    raise VerificationError(
+                        f"the optimized model cannot be verified, so it is not written: "
+                        f"{verification.get('skipped')}. Fix the model, or ask for it unverified with "
+                        f"--allow-unverified (option allow_unverified)")
                 if ctx.sample_shapes and ctx.sample_shapes["dims"]:
                     verification.update(dims=ctx.sample_shapes["dims"], roles=ctx.sample_shapes["roles"],
                                         tried=ctx.sample_shapes["tried"])
 
+        limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
+                            before["bytes"])
         saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
@@ -124,6 +135,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
         "places": [str(p) for p in places],
         "pipeline": options.pipeline,
         "options": options.to_dict(),
+        "limits": limits.to_dict(),
         "trace": trace,
         "verification": verification,
         "memory": None,  # filled by the memory_plan pass when the pipeline runs it
@@ -150,7 +162,8 @@ def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> di
     if not has_open_dims(specs, options.input_shapes):
         return None
     if options.verify:
-        chosen = choose_shapes(str(model_path), given=options.input_shapes)
+        chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
+                               memory_mb=options.limits.verify_memory_mb)
         return chosen if chosen.get("shapes") else None
     try:
         return first_choice(specs, options.input_shapes)

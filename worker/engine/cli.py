@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Sequence
 
 from worker import __version__
 from worker.engine.errors import MirserveError, OptionsError
 from worker.engine.atomic import atomic_path, write_json
+from worker.engine.limits import Limits
 from worker.engine.options import OptimizeOptions, parse_shape_arg
 
 
@@ -70,6 +73,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
         cmd.add_argument("--check-support", action="store_true",
                          help="only check that every op has a kernel in some valid place; write nothing")
     cmd.add_argument("--no-verify", action="store_true", help="skip the numeric check against the input")
+    cmd.add_argument("--allow-unverified", action="store_true",
+                     help="write a model that cannot be verified (onnxruntime cannot run the input) with a "
+                          "warning, instead of failing")
     cmd.add_argument("--strict", action="store_true",
                      help="fail the run when a pass fails (by default its edits are undone, the run goes on "
                           "without it and warns)")
@@ -80,6 +86,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
     cmd.add_argument("--dim-bound", action="append", default=[], metavar="NAME=N",
                      help="upper bound for a symbolic dim, or for the unknown dims of a data-dependent output "
                           "(NonZero, Unique, ...), used by the memory plan (repeatable)")
+    cmd.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
+                     help="raise (or lower) one of the limits that keep a hostile model from costing anything: "
+                          + ", ".join(f"{f.name} (default {f.default})" for f in fields(Limits)) + " (repeatable)")
     cmd.add_argument("--cut-start", action="append", default=[], metavar="VALUE[,VALUE]",
                      help="keep only what lies after these values, which become the graph's inputs (repeatable)")
     cmd.add_argument("--cut-end", action="append", default=[], metavar="VALUE[,VALUE]",
@@ -166,10 +175,11 @@ def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
     return OptimizeOptions(
         places=args.places, input_shapes=shapes, opt_level=args.opt_level, dim_bounds=bounds,
         disabled_passes=tuple(args.disable_pass), pipeline=args.pipeline, portable=args.portable,
-        verify=not args.no_verify, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
+        verify=not args.no_verify, allow_unverified=args.allow_unverified, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
         fp16_storage=args.fp16_storage, host_fallback=not args.no_host_fallback,
         check_support_only=getattr(args, "check_support", False), cut_start=_value_names(args.cut_start),
-        cut_end=_value_names(args.cut_end), target_opset=args.target_opset, **({"strict": True} if args.strict else {}),
+        cut_end=_value_names(args.cut_end), target_opset=args.target_opset,
+        **({"strict": True} if args.strict else {}), limits=Limits().raised(args.limit),
     )
 
 
@@ -229,17 +239,29 @@ def print_outcome(report: dict[str, Any], args: argparse.Namespace, subject: str
     The line starts ``wrote OUT:``, or ``<subject>:`` when given (a remote job whose model was not fetched).
     Warnings (a pass that failed and was undone) go to stderr even with --quiet."""
     for warning in report.get("warnings") or []:
-        print(f"mirserve: warning: {warning['message']}", file=sys.stderr)
+        print(f"mirserve: warning: {terminal_safe(warning['message'])}", file=sys.stderr)
     if args.quiet:
         return
     if args.json:
         print(json.dumps(report.get("summary") or {"support": report.get("support")}, indent=2))
         return
-    print(summary(report, subject))
+    print(terminal_safe(summary(report, subject)))
     if report.get("summary"):
         from worker.engine.summary import render_summary
 
-        print(render_summary(report["summary"]))
+        print(terminal_safe(render_summary(report["summary"])))
+
+
+#: Characters a model's names may hold that a terminal would act on: C0 and C1 controls (escape sequences,
+#: bells, carriage returns) and the bidirectional overrides that make text read otherwise than it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str, *, lines: bool = True) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``); newlines stay
+    only where ``lines`` (a table), else they are escaped too (a one-line error)."""
+    unsafe = _UNSAFE if lines else re.compile(_UNSAFE.pattern[:-1] + "\n\t]")
+    return unsafe.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def check_writable(path: Path, field: str) -> None:
@@ -383,7 +405,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
     except MirserveError as exc:
         if args.debug or os.environ.get("MIRSERVE_DEBUG"):
             raise
-        print(f"mirserve: error: {exc}", file=sys.stderr)
+        print(f"mirserve: error: {terminal_safe(str(exc), lines=False)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (`mirserve ... | head`): nothing left to tell
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

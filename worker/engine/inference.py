@@ -24,6 +24,7 @@ from worker.engine.ir import Graph, Model, Value, model_to_proto
 from worker.engine.ir.serde import type_from_proto
 from worker.engine.ir.value import Dim, Shape
 from worker.engine.kernels.ops import SHAPE_INPUTS
+from worker.engine.limits import GENERATORS, SIZED_BY_VALUE, Limits, describe_node, elements_from_values
 
 #: Largest tensor (in elements) whose value type inference computes to learn shapes.
 MAX_EVALUATED = 4096
@@ -31,8 +32,6 @@ MAX_ROUNDS = 6
 #: Input slots whose values (not only shapes) decide an output's shape.
 VALUE_SHAPED = {**SHAPE_INPUTS, "Loop": frozenset({0, 1}), "If": frozenset({0}), "Compress": frozenset({1}),
                 "NonZero": frozenset({0}), "Upsample": frozenset({1})}
-#: Ops whose output size follows from input values, bounded before evaluating them.
-_SIZED_BY_VALUE = {"ConstantOfShape", "Expand", "Tile", "Range"}
 
 
 def apply_input_shapes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> None:
@@ -58,32 +57,84 @@ def _show(shape: Shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def infer_types(model: Model) -> dict:
-    """Type every value of ``model`` from its input shapes; returns the coverage figures for the trace."""
+def infer_types(model: Model, limits: Limits = Limits()) -> dict:
+    """Type every value of ``model`` from its input shapes; returns the coverage figures for the trace.
+
+    Raises LimitError before onnx's inference (or any evaluation) would create a tensor beyond ``limits``,
+    and for a loop that only a trip count beyond them ends."""
     figures: dict = {}
     known: dict[str, np.ndarray] = {}
     rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
+        check_sized_by_value(model.graph, known, limits)
         error = _infer_with_onnx(model, known)
         if error:
             figures["onnx_inference_error"] = error
         _infer_loop_outputs(model.graph, known)
         _forget_runtime_shapes(model)
-        if not _propagate_values(model.graph, known, model.opset("")):
+        check_generated(model.graph, known, limits)
+        if not _propagate_values(model.graph, known, model.opset(""), limits):
             break
     figures.update(_coverage(model.graph), rounds=rounds, evaluated_values=len(known))
     return figures
 
 
+def _known_value(value: Value | None, known: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The value's data when type inference knows it (computed, or a small constant), else None."""
+    if value is None:
+        return None
+    data = known.get(value.name)
+    if data is None and (value.numel() is None or value.numel() <= MAX_EVALUATED):
+        data = value.constant_value()
+    return data if data is None or data.size <= MAX_EVALUATED else None
+
+
+def _itemsize(value: Value) -> int:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.dtype)).itemsize if value.dtype else 1
+    except (KeyError, TypeError, ValueError):
+        return 1
+
+
+def check_sized_by_value(graph: Graph, known: dict[str, np.ndarray], limits: Limits) -> None:
+    """Refuse an op sized by values (ConstantOfShape, Range, Expand, Tile) whose known inputs ask for a tensor
+    beyond the limits, before onnx's inference (whose data propagation materialises such values) sees it."""
+    for body in graph.all_graphs():
+        for op_type in SIZED_BY_VALUE:
+            for node in body.nodes_of_type(op_type):
+                data = node.input(0)
+                values = [_known_value(v, known) for v in node.inputs]
+                shape = data.shape if data is not None and data.is_static else None
+                count = elements_from_values(op_type, shape, values)
+                if count is not None:
+                    limits.check_tensor(describe_node(node), count, _itemsize(node.outputs[0]))
+
+
+def check_generated(graph: Graph, known: dict[str, np.ndarray], limits: Limits) -> None:
+    """Refuse a generator (Resize, Pad, Expand, a Loop's scan outputs, ...) whose inferred static output is
+    beyond the tensor limits, and a Loop that only a trip count beyond the limit ends."""
+    for body in graph.all_graphs():
+        for node in body:
+            if node.op_type not in GENERATORS or node.domain:
+                continue
+            if node.op_type == "Loop" and node.attr("body") is not None:
+                trips = _trip_count(node, node.attr("body"), known)
+                if trips is not None:
+                    limits.check_loop(describe_node(node), trips)
+            for value in node.outputs:
+                if value.is_static:
+                    limits.check_tensor(describe_node(node), value.shape, _itemsize(value))
+
+
 @contextmanager
-def types_at(model: Model, shapes: Mapping[str, Sequence[int]]) -> Iterator[None]:
+def types_at(model: Model, shapes: Mapping[str, Sequence[int]], limits: Limits = Limits()) -> Iterator[None]:
     """Within the block, every value is typed as it would be with these input shapes (an analysis at one size
     of a model whose dims are open: the memory plan at sample sizes); on exit every type is as before."""
     saved = [(value, value.dtype, value.shape, value.type_proto)
              for graph in model.graph.all_graphs() for value in graph.values()]
     try:
         apply_input_shapes(model.graph, shapes)
-        infer_types(model)
+        infer_types(model, limits)
         yield
     finally:
         for value, dtype, shape, type_proto in saved:
@@ -260,7 +311,7 @@ def _shape_sources(graph: Graph) -> set[Value]:
     return needed
 
 
-def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) -> int:
+def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int, limits: Limits) -> int:
     """Evaluate nodes whose inputs are known and small and whose outputs shapes depend on; returns how many
     values became known."""
     learned = 0
@@ -269,7 +320,7 @@ def _propagate_values(graph: Graph, known: dict[str, np.ndarray], opset: int) ->
         if not any(v in needed for v in node.outputs) or all(v.name in known or not v.is_used for v in node.outputs):
             continue
         inputs = _known_inputs(node, known)
-        if inputs is None or not _small_enough(node, inputs):
+        if inputs is None or not _small_enough(node, inputs) or not _loop_bounded(node, inputs, limits):
             continue
         outputs = evaluate(node, inputs, opset, runtime=True)  # values the runtime would compute
         if outputs is None or len(outputs) < len(node.outputs):
@@ -309,27 +360,24 @@ def _known_inputs(node, known: dict[str, np.ndarray]) -> list | None:
 
 
 def _small_enough(node, inputs: list) -> bool:
-    """Bound the outputs of ops whose size comes from input values before computing them (in Python
-    integers: a hostile shape must not wrap around int64 into a small count)."""
+    """Bound the outputs of ops whose size comes from input values before computing them."""
     out = node.outputs[0]
     if out.numel() is not None:
         return out.numel() <= MAX_EVALUATED
-    if node.op_type not in _SIZED_BY_VALUE:
+    if node.op_type not in SIZED_BY_VALUE:
         return True
-    try:
-        if node.op_type == "ConstantOfShape":
-            size = math.prod(int(d) for d in np.reshape(inputs[0], -1))
-        elif node.op_type == "Expand":
-            size = math.prod(np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in np.reshape(inputs[1], -1))))
-        elif node.op_type == "Tile":
-            repeats = [int(r) for r in np.reshape(inputs[1], -1)]
-            size = inputs[0].size * math.prod(repeats) if min(repeats, default=0) >= 0 else -1
-        else:
-            start, limit, delta = (float(np.asarray(v).reshape(())) for v in inputs)
-            size = math.ceil((limit - start) / delta) if delta else MAX_EVALUATED + 1
-    except (ValueError, TypeError, IndexError, OverflowError):
+    size = elements_from_values(node.op_type, inputs[0].shape if inputs and inputs[0] is not None else None,
+                                inputs)
+    return size is not None and 0 <= size <= MAX_EVALUATED
+
+
+def _loop_bounded(node, inputs: list, limits: Limits) -> bool:
+    """A Loop is evaluated only with a known trip count within the limit: its condition may never turn false."""
+    if node.op_type != "Loop":
+        return True
+    if not inputs or inputs[0] is None or np.asarray(inputs[0]).size != 1:
         return False
-    return 0 <= size <= MAX_EVALUATED
+    return 0 <= int(np.asarray(inputs[0]).reshape(-1)[0]) <= limits.max_loop_trips
 
 
 def _coverage(graph: Graph) -> dict:

@@ -26,7 +26,7 @@ Shapes = Mapping[str, Sequence[int]]
 
 
 def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
-                  timeout: float = 900) -> dict[str, Any]:
+                  timeout: float = 300, memory_mb: int = 0) -> dict[str, Any]:
     """Input shapes the input model runs on, for the dims ``given`` leaves open.
 
     Returns ``{"shapes": [first set, second set (batch 2), ...], "dims": {dim: value}, "roles": {dim: role},
@@ -36,7 +36,7 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
     """
     request = {"mode": "choose", "reference": str(reference), "seed": seed,
                "given": {k: list(v) for k, v in (given or {}).items()}}
-    answer = _run_child(request, timeout, "choosing input shapes")
+    answer = _run_child(request, timeout, memory_mb, "choosing input shapes")
     if answer.get("error"):
         raise VerificationError(answer["error"])
     return answer
@@ -44,7 +44,7 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
 
 def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None,
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
-           atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 900) -> dict[str, Any]:
+           atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -58,7 +58,7 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
                "shape_sets": None if shape_sets is None else [{k: list(v) for k, v in s.items()}
                                                               for s in shape_sets]}
     started = time.perf_counter()
-    report = _run_child(request, timeout, "numeric verification")
+    report = _run_child(request, timeout, memory_mb, "numeric verification")
     report["seconds"] = round(time.perf_counter() - started, 3)
     if report.get("error"):
         raise VerificationError(report["error"])
@@ -79,16 +79,39 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
     return report
 
 
-def _run_child(request: dict, timeout: float, what: str) -> dict:
-    request = {**request, "parent_pid": os.getpid()}
+#: How allocation failures read in the messages of Python, numpy, onnxruntime and the C++ runtime.
+ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "BFCArena", "Cannot allocate memory", "MemoryError",
+                       "Unable to allocate", "std::length_error")
+
+
+def _run_child(request: dict, timeout: float, memory_mb: int, what: str) -> dict:
+    """Run one check in a child with its own budgets: ``timeout`` seconds of wall time, ``memory_mb`` MiB of
+    address space (0: the caller's own limit). A model that runs forever (a Loop whose condition never turns
+    false) or asks for more memory fails the check, naming the budget, and holds nothing after it."""
+    request = {**request, "parent_pid": os.getpid(), "memory_mb": memory_mb}
+
+    def limit_memory() -> None:
+        if memory_mb > 0:
+            import resource
+
+            wanted = memory_mb << 20
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            if hard != resource.RLIM_INFINITY:
+                wanted = min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
+
     try:
         child = subprocess.run([sys.executable, "-m", "worker.engine.numeric"], input=json.dumps(request),
-                               capture_output=True, text=True, timeout=timeout,
+                               capture_output=True, text=True, timeout=timeout, preexec_fn=limit_memory,
                                env={**os.environ, "ORT_LOGGING_LEVEL": "3"})
     except subprocess.TimeoutExpired:
-        raise VerificationError(f"{what} did not finish within {timeout:.0f} s") from None
+        raise VerificationError(f"{what} did not finish within its budget of {timeout:g} s (limit verify_seconds; "
+                                f"raise it with --limit verify_seconds=N)") from None
     lines = child.stdout.strip().splitlines()
     if child.returncode != 0 or not lines:
+        if memory_mb > 0 and any(marker in child.stderr for marker in ALLOCATION_FAILURES):
+            raise VerificationError(f"{what} needed more memory than its budget of {memory_mb} MiB (limit "
+                                    f"verify_memory_mb; raise it with --limit verify_memory_mb=N)")
         tail = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
         raise VerificationError(f"{what} crashed: {tail[:300]}")
     return json.loads(lines[-1])
@@ -127,8 +150,8 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
         if kind not in _DTYPES:
             raise ValueError(f"input {item.name!r} has type {item.type}, which verification cannot generate")
         dtype = np.dtype(_DTYPES[kind])
-        if dtype == np.bool_:
-            feeds[item.name] = rng.random(dims) > 0.5
+        if dtype == np.bool_:  # an array even at rank 0, where the comparison gives a numpy scalar
+            feeds[item.name] = np.asarray(rng.random(dims) > 0.5)
         elif np.issubdtype(dtype, np.floating):
             feeds[item.name] = rng.random(dims).astype(dtype)
         else:
@@ -198,11 +221,13 @@ def _runs(session, shapes, rng) -> str | None:
 
 
 def runtime_message(exc: BaseException, limit: int = 300) -> str:
-    """onnxruntime's error on one line, without its status prefix, source paths and C++ signatures."""
+    """onnxruntime's error on one line, without its status prefix, the model's path, source paths and C++
+    signatures (a service's clients must not learn where the server keeps files)."""
     import re
 
     text = " ".join(str(exc).split())
     text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"Load model from .*? failed: ?", "", text)
     text = re.sub(r"/onnxruntime_src/\S+:\d+ (\S+\(.*?\) )?", "", text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -259,6 +284,15 @@ def _compare_sequences(name: str, expected, actual, rtol: float, atol: float, ru
     return worst
 
 
+def _out_of_memory(exc: BaseException, request: dict) -> str | None:
+    """The message for a run that failed for want of memory under the child's budget, else None."""
+    budget = request.get("memory_mb") or 0
+    if budget <= 0 or not (isinstance(exc, MemoryError) or any(m in str(exc) for m in ALLOCATION_FAILURES)):
+        return None
+    return (f"numeric verification needed more memory than its budget of {budget} MiB (limit verify_memory_mb; "
+            f"raise it with --limit verify_memory_mb=N)")
+
+
 def _child(request: dict) -> dict:
     if request.get("mode") == "choose":
         return _child_choose(request)
@@ -269,7 +303,7 @@ def _child_choose(request: dict) -> dict:
     try:
         reference = _session(request["reference"])
     except Exception as exc:  # nothing will run it: the first choice, untried
-        return {**_first_choice(request["reference"], request["given"]), "skipped": str(exc)[:300]}
+        return {**_first_choice(request["reference"], request["given"]), "skipped": runtime_message(exc)}
     if _ungenerated(reference):  # verification will say so; nothing to choose
         return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
     return _choose(reference, request["given"], request["seed"])
@@ -340,12 +374,16 @@ def _child_verify(request: dict) -> dict:
             try:
                 expected = reference.run(names, feeds)
             except Exception as exc:
+                if _out_of_memory(exc, request):
+                    return {"error": _out_of_memory(exc, request)}
                 return {"passed": None, "skipped": f"onnxruntime cannot run the input model on inputs of shapes "
                                                   f"{_shapes_text(feeds)}: {runtime_message(exc)}",
                         "outputs": [], "runs": 0, "shapes": shape_sets}
             try:
                 actual = candidate.run(names, {k: v for k, v in feeds.items() if k in wanted})
             except Exception as exc:
+                if _out_of_memory(exc, request):
+                    return {"error": _out_of_memory(exc, request)}
                 return {"error": f"onnxruntime cannot run the optimized model on inputs of shapes "
                                  f"{_shapes_text(feeds)}: {runtime_message(exc)}"}
             for name, a, b in zip(names, expected, actual):

@@ -4,15 +4,20 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from onnx.defs import onnx_opset_version
 
 from worker.engine.errors import OptionsError
+from worker.engine.limits import Limits
 from worker.engine.places import DEFAULT_PLACES
 
 MAX_OPT_LEVEL = 2
+#: Longest place list accepted (a few dozen places): longer is no list anyone means.
+MAX_PLACES_CHARS = 2000
+#: Fields that requests cannot set: whoever runs the engine does.
+NOT_FROM_DATA = frozenset({"limits"})
 #: The opsets a model may be raised to: onnx's version converter starts at 7 (the first opset with
 #: broadcasting as it is now) and ends at the newest opset the installed onnx defines.
 MIN_TARGET_OPSET, MAX_TARGET_OPSET = 7, onnx_opset_version()
@@ -35,6 +40,9 @@ class OptimizeOptions:
     host_fallback: bool = True
     check_support_only: bool = False
     verify: bool = True
+    #: Publish a model that cannot be verified (onnxruntime cannot load or run the input) with ``verified``
+    #: false and a warning, instead of failing the run.
+    allow_unverified: bool = False
     verify_runs: int = 1
     rtol: float | None = None
     atol: float | None = None
@@ -48,13 +56,16 @@ class OptimizeOptions:
     target_opset: int | None = None
     #: A pass that fails (a bug, not a user error) fails the run, instead of being undone with a warning.
     strict: bool = field(default_factory=strict_default)
+    #: What the model may make the run spend (``worker.engine.limits``): set by whoever runs the engine (the
+    #: command line's ``--limit``, the service from its settings), never by a job's options.
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "OptimizeOptions":
         """Build options from JSON-like data, naming the offending field on any error."""
         if not isinstance(data, Mapping):
             raise OptionsError("options must be a JSON object", field="options")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - NOT_FROM_DATA
         unknown = sorted(set(data) - known)
         if unknown:
             raise OptionsError(f"unknown option {unknown[0]!r}; known options: {', '.join(sorted(known))}",
@@ -79,10 +90,13 @@ class OptimizeOptions:
                 and 0 <= self.opt_level <= MAX_OPT_LEVEL, "opt_level",
                 f"must be an integer from 0 to {MAX_OPT_LEVEL}")
         _expect(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline", "must be a pipeline name")
-        for name in ("portable", "fp16_storage", "host_fallback", "check_support_only", "verify", "strict"):
+        _expect(len(self.places) <= MAX_PLACES_CHARS, "places", f"must be at most {MAX_PLACES_CHARS} characters")
+        for name in ("portable", "fp16_storage", "host_fallback", "check_support_only", "verify", "allow_unverified",
+                     "strict"):
             _expect(isinstance(getattr(self, name), bool), name, "must be true or false")
         _expect(isinstance(self.verify_runs, int) and not isinstance(self.verify_runs, bool)
                 and 1 <= self.verify_runs <= 16, "verify_runs", "must be an integer from 1 to 16")
+        _expect(isinstance(self.limits, Limits), "limits", "must be a Limits value")
         _expect(self.target_opset is None or (isinstance(self.target_opset, int)
                                               and not isinstance(self.target_opset, bool)
                                               and MIN_TARGET_OPSET <= self.target_opset <= MAX_TARGET_OPSET),
@@ -94,7 +108,8 @@ class OptimizeOptions:
                     name, "must be a number from 0 to 1")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The options as ``from_dict`` reads them (the limits are not among them)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_FROM_DATA}
         data["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
         data["dim_bounds"] = dict(self.dim_bounds)
         for name in ("disabled_passes", "cut_start", "cut_end"):

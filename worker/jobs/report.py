@@ -116,7 +116,8 @@ class Report(BaseModel):
             "passes_run": sum(1 for t in passes if not t.get("skipped")),
             "rewrites": sum(int(t.get("rewrites") or 0) for t in passes),
             "places": self.places,
-            "verified": verification.get("passed") if verification else None,
+            # False when verification ran but proved nothing (published only with option allow_unverified)
+            "verified": verification.get("passed") is True if verification else None,
             "max_abs_diff": max(diffs) if diffs else None,
             **_memory_figures(self.memory or {}),
             "seconds": self.seconds,

@@ -2,7 +2,8 @@
 from worker.engine.ir.graph import Graph, Names
 from worker.engine.ir.model import Model
 from worker.engine.ir.node import Attr, Node
-from worker.engine.ir.serde import Limits, SaveInfo, load_model, model_to_proto, save_model
+from worker.engine.limits import Limits
+from worker.engine.ir.serde import SaveInfo, load_model, model_to_proto, save_model
 from worker.engine.ir.value import Shape, Use, Value
 
 __all__ = ["Attr", "Graph", "Limits", "Model", "Names", "Node", "SaveInfo", "Shape", "Use", "Value",

@@ -17,17 +17,20 @@ from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto, helper, numpy_helper, version_converter
 
 from worker.engine.errors import ModelError, OptionsError
+from worker.engine.limits import Limits, LimitError, printable
 from worker.engine.atomic import atomic_path
 from worker.engine.ir import wire
 from worker.engine.ir.journal import tracked
 from worker.engine.ir.graph import Graph, Names
 from worker.engine.ir.model import Model
 from worker.engine.ir.node import Attr, Node
-from worker.engine.ir.tensors import ExternalData, check_external_data, names_external_data, to_array
+from worker.engine.ir.tensors import (ExternalData, check_external_data, check_tensor_types,
+                                      names_external_data, to_array)
 from worker.engine.ir.value import ConstSource, Shape, Value
 
 #: Initializer payloads at least this large stay in the file instead of the parsed protobuf.
@@ -43,15 +46,6 @@ _FIXED_WIDTH = {
 }
 if os.sys.byteorder != "little":  # raw_data is little-endian by the ONNX spec
     raise ImportError("mirserve's zero-copy weight loading needs a little-endian machine")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds checked before any work is done on a model (an uploaded model is untrusted)."""
-
-    max_nodes: int = 2_000_000
-    max_depth: int = 32
-    max_dim: int = 2**31
 
 
 # --- constant sources ------------------------------------------------------------------------------
@@ -125,12 +119,72 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
         raise ModelError(f"{path}: not an ONNX model (cannot parse it as a protocol buffer: {exc})") from None
     if not proto.HasField("graph") or not proto.opset_import or proto.ir_version <= 0:
         raise ModelError(f"{path}: not an ONNX model (no graph, IR version or opset import)")
+    _check_versions(proto, path)
     _check_limits(proto.graph, limits, path)
+    _check_text(proto, path)
     external = ExternalData(external_data_dir) if external_data_dir is not None else None
     check_external_data(proto, external)
+    check_tensor_types(proto)
     if target_opset is not None:
         proto, spans = raise_opset(proto, spans, target_opset, path)
-    return _Reader(path, buffer, spans, external, limits).model(proto)
+    model = _Reader(path, buffer, spans, external, limits).model(proto)
+    _check_reshapes(model.graph, path)
+    return model
+
+
+def _check_text(proto: onnx.ModelProto, path: Path) -> None:
+    """Every text field (names, op types, domains, doc strings, metadata) is UTF-8, as ONNX requires: protobuf
+    hands out the bytes of one that is not, which would fail far from here (or reach a terminal)."""
+    string = FieldDescriptor.TYPE_STRING
+    stack: list[tuple[str, object]] = [("model", proto)]
+    while stack:
+        where, message = stack.pop()
+        for field, value in message.ListFields():
+            items = value if field.is_repeated else [value]
+            if field.type == string:
+                for item in items:
+                    if isinstance(item, bytes):
+                        raise ModelError(f"{path}: {where}.{field.name} is not UTF-8 text ({item[:24]!r}), "
+                                         f"which ONNX requires of every name")
+            elif field.type == FieldDescriptor.TYPE_MESSAGE:
+                stack.extend((f"{where}.{field.name}" + (f"[{i}]" if field.is_repeated else ""), item)
+                             for i, item in enumerate(items))
+
+
+def _check_versions(proto: onnx.ModelProto, path: Path) -> None:
+    """The IR version and the standard domains' opset versions must be ones onnx defines."""
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelError(f"{path}: IR version {proto.ir_version} is newer than any this onnx knows "
+                         f"(up to {onnx.IR_VERSION})")
+    # (release, IR version, ai.onnx, ai.onnx.ml, ai.onnx.training) of the newest release this onnx knows
+    newest = onnx.helper.VERSION_TABLE[-1]
+    known = {"": max(newest[2], onnx.defs.onnx_opset_version()), "ai.onnx": max(newest[2],
+             onnx.defs.onnx_opset_version()), "ai.onnx.ml": newest[3]}
+    seen = set()
+    for entry in proto.opset_import:
+        name = entry.domain or "the default domain"
+        if entry.domain in seen:
+            raise ModelError(f"{path}: the opset of {name} is imported twice")
+        seen.add(entry.domain)
+        if entry.version < 1:
+            raise ModelError(f"{path}: opset version {entry.version} of {name} is not a version")
+        if entry.domain in known and entry.version > known[entry.domain]:
+            raise ModelError(f"{path}: opset version {entry.version} of {name} is not one onnx defines "
+                             f"(1 to {known[entry.domain]})")
+
+
+def _check_reshapes(graph: Graph, path: Path) -> None:
+    """A constant Reshape shape may hold -1 once and no other negative number."""
+    for body in graph.all_graphs():
+        for node in body.nodes_of_type("Reshape"):
+            shape = node.input(1)
+            data = shape.constant_value() if shape is not None else None
+            if data is None:
+                continue
+            dims = [int(d) for d in np.reshape(data, -1)]
+            if any(d < -1 for d in dims) or dims.count(-1) > 1:
+                raise ModelError(f"{path}: node {printable(node.name)} (Reshape) asks for shape {dims}: only one "
+                                 f"dimension may be -1 and none may be below it")
 
 
 def raise_opset(proto: onnx.ModelProto, spans: dict[int, wire.RawSpan], target: int,
@@ -170,15 +224,22 @@ def raise_opset(proto: onnx.ModelProto, spans: dict[int, wire.RawSpan], target: 
 
 
 def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
-    count = 0
+    """Counts, nesting and declared dims, on the parsed protobuf before any IR is built."""
+    nodes = values = 0
     stack = [(graph, 1)]
     while stack:
         current, depth = stack.pop()
         if depth > limits.max_depth:
-            raise ModelError(f"{path}: subgraphs nested deeper than {limits.max_depth} levels")
-        count += len(current.node)
-        if count > limits.max_nodes:
-            raise ModelError(f"{path}: more than {limits.max_nodes} nodes")
+            raise LimitError(f"{path}: subgraphs nested deeper than {limits.max_depth} levels (limit max_depth; "
+                             f"raise it with --limit max_depth=N)")
+        nodes += len(current.node)
+        values += len(current.input) + len(current.initializer) + sum(len(n.output) for n in current.node)
+        if nodes > limits.max_nodes:
+            raise LimitError(f"{path}: more than {limits.max_nodes:,} nodes (limit max_nodes; raise it with "
+                             f"--limit max_nodes=N)")
+        if values > limits.max_values:
+            raise LimitError(f"{path}: more than {limits.max_values:,} values (limit max_values; raise it with "
+                             f"--limit max_values=N)")
         for node in current.node:
             for attr in node.attribute:
                 if attr.type == AttributeProto.GRAPH:
@@ -187,12 +248,13 @@ def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
                     stack.extend((g, depth + 1) for g in attr.graphs)
         for info in list(current.input) + list(current.output) + list(current.value_info):
             for dim in info.type.tensor_type.shape.dim:
-                if dim.HasField("dim_value") and dim.dim_value > limits.max_dim:
-                    raise ModelError(f"{path}: value {info.name!r} declares dimension {dim.dim_value}, "
-                                     f"above the limit of {limits.max_dim}")
+                if dim.HasField("dim_value") and dim.dim_value > limits.max_dim:  # -1 is how some say "any"
+                    raise LimitError(f"{path}: value {printable(info.name)} declares dimension {dim.dim_value}, "
+                                     f"above the limit of {limits.max_dim} (limit max_dim)")
         for tensor in current.initializer:
             if any(not 0 <= d <= limits.max_dim for d in tensor.dims):
-                raise ModelError(f"{path}: initializer {tensor.name!r} has dimensions {list(tensor.dims)}")
+                raise LimitError(f"{path}: initializer {printable(tensor.name)} has dimensions "
+                                 f"{list(tensor.dims)}, each must be from 0 to {limits.max_dim} (limit max_dim)")
 
 
 class _Reader:
@@ -227,7 +289,12 @@ class _Reader:
             source = self.const_source(tensor, self.spans.get(index) if top_level else None)
             value = graph.add_initializer(tensor.name, source, exact_name=True)
             value.doc_string = tensor.doc_string
+        named = set()
         for info in proto.input:
+            if info.name in named:
+                raise ModelError(f"{self.path}: graph {printable(proto.name)} declares input {printable(info.name)} "
+                                 f"twice")
+            named.add(info.name)
             value = graph.value(info.name)
             if value is None:
                 value = Value(info.name)
@@ -274,6 +341,9 @@ class _Reader:
                 if name and value is None:
                     raise ModelError(f"{self.path}: node {node_proto.name!r} ({node_proto.op_type}) reads "
                                      f"{name!r}, which no node, input or initializer defines")
+                if value is not None and value.producer is node:
+                    raise ModelError(f"{self.path}: node {printable(node_proto.name)} ({node_proto.op_type}) reads "
+                                     f"its own output {printable(name)}")
                 node._append_input(value)
             for attr in node_proto.attribute:
                 node.attributes[attr.name] = self.attribute(node, attr)

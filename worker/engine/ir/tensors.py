@@ -45,7 +45,7 @@ def to_array(tensor: TensorProto) -> np.ndarray:
                          f"from a trusted local model at load")
     try:
         return numpy_helper.to_array(tensor)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise ModelError(f"tensor {tensor.name!r} cannot be decoded: {exc}") from None
 
 
@@ -222,6 +222,17 @@ def check_external_data(model: onnx.ModelProto, external: ExternalData | None) -
         if external is None:
             raise _untrusted(where, tensor)
         external.read_into(tensor, where)
+
+
+#: Element types ONNX defines (TensorProto.DataType, without UNDEFINED).
+_DATA_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
+
+
+def check_tensor_types(model: onnx.ModelProto) -> None:
+    """Every tensor of the model (initializers, attribute tensors) has an element type ONNX defines."""
+    for where, tensor in (*initializer_tensors(model), *attribute_tensors(model)):
+        if tensor.data_type not in _DATA_TYPES:
+            raise ModelError(f"{where} has element type {tensor.data_type}, which is not one ONNX defines")
 
 
 def _untrusted(where: str, tensor: TensorProto) -> ModelError:

@@ -136,6 +136,9 @@ class PassContext:
     #: Input shapes for the dims the user left open (``numeric.choose_shapes``'s answer: ``shapes``, the
     #: sets verification runs, the first of which the memory plan plans at; ``dims``; ``roles``), or None.
     sample_shapes: dict[str, Any] | None = None
+    #: Bytes of the input model file: the optimized model's weights may grow to ``limits.output_limit`` of it
+    #: (None, for a model that came from no file: only the folding budget applies).
+    input_bytes: int | None = None
 
     @property
     def graph(self) -> "Graph":

@@ -74,8 +74,12 @@ def _node_in(frames) -> Node | None:
 
 
 def _where(frames) -> str | None:
+    """``worker/engine/....py:42`` for the engine's own code, ``file.py:42`` for a plugin's: never a path of
+    the machine the engine runs on (a service's warnings go to its clients)."""
     for frame, line in reversed(frames):
         path = str(Path(frame.f_code.co_filename).resolve())
-        if path.startswith(_ENGINE) or not path.startswith(_LIBRARIES):
-            return f"{frame.f_code.co_filename}:{line}"
+        if path.startswith(_ENGINE):
+            return f"{Path(path).relative_to(Path(_ENGINE).parent.parent).as_posix()}:{line}"
+        if not path.startswith(_LIBRARIES):
+            return f"{Path(path).name}:{line}"
     return None

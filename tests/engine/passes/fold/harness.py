@@ -12,6 +12,7 @@ import onnx
 from tests.conftest import random_feeds, run_onnxruntime
 from worker.engine.ir import Model, load_model, save_model
 from worker.engine.ir.verify import VerifyInstrument
+from worker.engine.limits import Limits
 from worker.engine.options import OptimizeOptions
 from worker.engine.passes import PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
@@ -62,14 +63,14 @@ def assert_typed(model: Model) -> None:
 
 def run(proto: onnx.ModelProto, steps: Sequence, tmp_path: Path, *, shapes: dict | None = None,
         check: bool = True, rtol: float = 1e-4, atol: float = 1e-5, feeds: dict | None = None,
-        typed: bool = True) -> Outcome:
+        typed: bool = True, limits: Limits = Limits()) -> Outcome:
     """type_inference, then ``steps``, through the manager with the IR verified after every pass."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     before, after = tmp_path / "before.onnx", tmp_path / "after.onnx"
     onnx.save(proto, str(before))
     model = load_model(before)
     apply_input_shapes(model.graph, shapes or {})
-    ctx = PassContext(model, OptimizeOptions(), parse_places())
+    ctx = PassContext(model, OptimizeOptions(limits=limits), parse_places(), input_bytes=before.stat().st_size)
     trace = PassManager(instruments=[VerifyInstrument()]).run(ctx, ["type_inference", *steps])
     if typed:  # False only for a model whose input cannot be fully typed
         assert_typed(model)

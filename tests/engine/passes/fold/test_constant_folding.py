@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 from tests.conftest import make_model, tensor, vinfo
 from tests.engine.passes.fold.harness import body_of, both_conditions, if_model, run
 from worker.engine import evaluate as evaluate_module
+from worker.engine.limits import LimitError, Limits
 from worker.engine.passes.support.arrays import is_uniform
 
 STEP = ["constant_folding"]
@@ -148,19 +149,30 @@ def test_axes_as_attribute_or_input_both_fold(tmp_path, opset):
     assert outcome.ops == ["Add"] and outcome.model.graph.initializers["u"].const.shape == (1, 3)
 
 
-def test_a_fill_beyond_the_constant_budget_is_refused(tmp_path, monkeypatch):
-    from worker.engine.passes.fold import constant_folding
-
-    monkeypatch.setattr(constant_folding, "MAX_CONSTANT_BYTES", 1 << 20)
-    outcome = run(generated("ConstantOfShape", [1024, 64, 3, 3], reader="Conv"), STEP, tmp_path)  # 2.25 MiB
+def test_a_fill_beyond_the_folding_budget_is_refused(tmp_path):
+    outcome = run(generated("ConstantOfShape", [1024, 64, 3, 3], reader="Conv"), STEP, tmp_path,  # 2.25 MiB
+                  limits=Limits(max_folded_mb=1))
     assert outcome.ops == ["ConstantOfShape", "Conv"]
-    assert outcome.refused("constant_folding", "would take the model's constants above 1 MiB")
+    assert outcome.refused("constant_folding", "would add 2 MiB of constants, beyond what is left of this run's "
+                                               "folding budget (1 MiB; limits max_folded_mb and max_output_mb)")
+
+
+def test_a_fill_beyond_the_output_limit_is_not_folded(tmp_path):
+    # 2.25 MiB of weights from a file of a few hundred bytes: within max_folded_mb, beyond the output limit
+    outcome = run(generated("ConstantOfShape", [1024, 64, 3, 3], reader="Conv"), STEP, tmp_path,
+                  limits=Limits(max_output_mb=1))
+    assert outcome.ops == ["ConstantOfShape", "Conv"]
+    assert outcome.refused("constant_folding", "beyond what is left of this run's folding budget")
 
 
 def test_a_hostile_fill_shape_is_refused_before_anything_is_computed(tmp_path):
     nodes = [helper.make_node("ConstantOfShape", ["shape"], ["g"]), helper.make_node("MatMul", ["x", "g"], ["y"])]
     model = make_model(nodes, [vinfo("x", shape=[1, "k"])], [vinfo("y", shape=[1, "m"])],
                        [tensor("shape", np.array([2**33, 2**33], np.int64))])
-    outcome = run(model, STEP, tmp_path, check=False)
+    with pytest.raises(LimitError, match="node 'constantofshape' .ConstantOfShape. would create a tensor of "
+                                         "73,786,976,294,838,206,464 elements"):
+        run(model, STEP, tmp_path / "default", check=False)  # type inference refuses it
+    raised = Limits(max_tensor_elements=2**70, max_tensor_mb=2**60)  # past type inference: folding's own budget
+    outcome = run(model, STEP, tmp_path / "raised", check=False, limits=raised)
     assert outcome.ops == ["ConstantOfShape", "MatMul"]
-    assert outcome.refused("constant_folding", "would take the model's constants above 8 GiB")
+    assert outcome.refused("constant_folding", "beyond what is left of this run's folding budget")

@@ -14,6 +14,7 @@ from onnx import parser
 
 from tests.conftest import run_onnxruntime
 from worker.engine.api import optimize
+from worker.engine.limits import LimitError, Limits
 from worker.engine.options import OptimizeOptions
 
 
@@ -107,7 +108,7 @@ def test_integer_division_by_zero_stays_for_the_runtime(tmp_path):
         g (int64[2] x) => (int64[2] y) <int64[2] a = {7, 3}, int64[2] b = {0, 1}> {
             q = Div (a, b)
             y = Add (x, q)
-        }''')
+        }''', allow_unverified=True)
     assert "Div" in ops
     assert report["verification"]["passed"] is None  # onnxruntime cannot run the input either
     assert any("could not be evaluated" in r for r in refusals(report, "constant_folding"))
@@ -156,10 +157,10 @@ def test_nan_and_infinite_constants_fold_as_the_runtime_computes_them(tmp_path):
     ("Range", "t = Range (zero, huge, step)"),
 ])
 def test_huge_but_bounded_shapes_are_refused_quickly(tmp_path, generator, body):
-    """Tensors of 2**62 elements, or whose element count wraps around int64 to 0, are never computed (their
+    """Tensors of 2**62 elements, or whose element count wraps around int64 to 0, are refused by the tensor
+    limit before anything computes them; with the limit raised past them they are still never computed (their
     shapes are: Shape of one folds without it)."""
-    started = time.perf_counter()
-    report, out, ops = optimized(tmp_path, HEAD + f'''
+    text = HEAD + f'''
         g (float[1] x) => (float[1] y) <int64[2] big = {{4611686018427387904, 1}},
                                        int64[2] wrap = {{4294967296, 4294967296}}, float[1, 1] one = {{1.}},
                                        int64 zero = {{0}}, int64 huge = {{4611686018427387904}},
@@ -168,5 +169,13 @@ def test_huge_but_bounded_shapes_are_refused_quickly(tmp_path, generator, body):
             m = ReduceMax <keepdims = 0> (t)
             f = Cast <to = 1> (m)
             y = Add (x, f)
-        }}''', verify=False)
+        }}'''
+    started = time.perf_counter()
+    with pytest.raises(LimitError, match=f"node '{generator.lower()}' .{generator}. would create a tensor of .* elements, above the "
+                                         f"limit of 268,435,456 .limit max_tensor_elements"):
+        optimized(tmp_path, text, verify=False)
+    assert time.perf_counter() - started < 30
+    started = time.perf_counter()
+    report, out, ops = optimized(tmp_path, text, verify=False,
+                                 limits=Limits(max_tensor_elements=2**70, max_tensor_mb=2**60))
     assert generator in ops and time.perf_counter() - started < 30

@@ -15,5 +15,5 @@ from worker.engine.passes.registry import register_pass
                            "evaluating shape subgraphs")
 def type_inference(ctx: PassContext) -> PassResult:
     result = PassResult()
-    result.data.update(infer_types(ctx.model))
+    result.data.update(infer_types(ctx.model, ctx.options.limits))
     return result

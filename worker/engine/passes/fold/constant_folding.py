@@ -11,9 +11,10 @@ would add more than ``GROWTH_LIMIT`` bytes to the model is kept unless its resul
 (Conv/ConvTranspose W and B, Gemm/MatMul B and C, BatchNormalization parameters, ...): the light model zoo
 makes every weight with ConstantOfShape.
 Memory: a ConstantOfShape fill, and any view op or elementwise op of such a fill, stays a broadcast view
-(no memory) until the writer streams it; other results above ``MAX_FOLDED_BYTES`` are not computed, and no
-fold may take the model's constants above ``MAX_CONSTANT_BYTES`` (an uploaded model could otherwise ask for
-a fill of any size as a weight).
+(no memory) until the writer streams it; other results above ``MAX_FOLDED_BYTES`` are not computed, and the
+folded results of one run may add at most the run's budget (``worker.engine.limits``: ``max_folded_mb``, and
+no more than keeps the model within its output limit) to the model: an uploaded model could otherwise ask for
+a fill of any size as a weight.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from onnx import helper
 
 from worker.engine.evaluate import NONDETERMINISTIC, evaluate
 from worker.engine.ir import Graph, Node, Value
+from worker.engine.limits import elements_from_values, size_text as _size_text
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.arrays import is_uniform
 from worker.engine.passes.support.constants import replace_with_constant
@@ -36,8 +38,6 @@ GENERATORS = frozenset({"ConstantOfShape", "Tile", "Expand", "Range"})
 GROWTH_LIMIT = 64 << 10
 #: Largest result computed in memory (a broadcast view of one value has no such limit).
 MAX_FOLDED_BYTES = 512 << 20
-#: Largest total size of the model's constants that folding may reach.
-MAX_CONSTANT_BYTES = 8 << 30
 
 QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 #: Inputs that runtimes and fusions take as weights: op -> input slots.
@@ -92,28 +92,11 @@ def _itemsize(value: Value) -> int:
 
 
 def _count_from_values(node: Node, inputs: list) -> int | None:
-    """Element count of ops whose output size follows from input values, before computing them.
-
-    Python integers, so a hostile shape cannot wrap around int64 into a small count.
-    """
-    try:
-        if node.op_type == "ConstantOfShape":
-            dims = [int(d) for d in np.reshape(inputs[0], -1)]
-            return math.prod(dims) if min(dims, default=0) >= 0 else None
-        if node.op_type == "Expand":
-            shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in np.reshape(inputs[1], -1)))
-            return math.prod(int(d) for d in shape)
-        if node.op_type == "Tile":
-            repeats = [int(r) for r in np.reshape(inputs[1], -1)]
-            return inputs[0].size * math.prod(repeats) if min(repeats, default=0) >= 0 else None
-        if node.op_type == "Range":
-            start, limit, delta = (float(np.asarray(v).reshape(())) for v in inputs[:3])
-            return max(0, math.ceil((limit - start) / delta)) if delta else None
-        if node.op_type.startswith("Reduce"):  # no larger than its input (or one value): its shape may be
-            return max(inputs[0].size, 1)     # unknown when the runtime's differs from onnx's (empty inputs)
-    except (ValueError, TypeError, IndexError, OverflowError):
-        return None
-    return None
+    """Element count of ops whose output size follows from input values, before computing them."""
+    if node.op_type.startswith("Reduce") and inputs and inputs[0] is not None:
+        return max(inputs[0].size, 1)  # no larger than its input (or one value): its shape may be unknown when
+        # the runtime's differs from onnx's (empty inputs)
+    return elements_from_values(node.op_type, inputs[0].shape if inputs and inputs[0] is not None else None, inputs)
 
 
 def output_bytes(node: Node, inputs: list) -> int | None:
@@ -130,20 +113,14 @@ def output_bytes(node: Node, inputs: list) -> int | None:
     return total
 
 
-def _size_text(count: float) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if count >= 1 << shift:
-            return f"{count / (1 << shift):.0f} {unit}"
-    return f"{count:.0f} bytes"
-
-
 def size_refusal(node: Node, inputs: list, uniform: bool, budget: list[int]) -> str | None:
     """Why the node's result is too large to fold, or None; ``budget`` holds the constant bytes still allowed."""
     size = output_bytes(node, inputs)
     if size is None:
         return "the size of its output is not known"
     if size > budget[0]:
-        return f"folding it would take the model's constants above {_size_text(MAX_CONSTANT_BYTES)}"
+        return (f"folding it would add {_size_text(size)} of constants, beyond what is left of this run's "
+                f"folding budget ({_size_text(max(budget[0], 0))}; limits max_folded_mb and max_output_mb)")
     if size > MAX_FOLDED_BYTES and not uniform:
         return f"its output of {_size_text(size)} is above the {_size_text(MAX_FOLDED_BYTES)} folding limit"
     growth = size - sum(a.nbytes for a in inputs if a is not None)
@@ -233,7 +210,10 @@ def replace(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
                            "tensors only when they become weights")
 def constant_folding(ctx: PassContext) -> PassResult:
     result = PassResult()
-    budget = [MAX_CONSTANT_BYTES - sum(v.nbytes for g in ctx.graph.all_graphs() for v in g.initializers.values())]
+    limits = ctx.options.limits
+    held = sum(v.nbytes for g in ctx.graph.all_graphs() for v in g.initializers.values())
+    budget = [limits.max_folded_bytes if ctx.input_bytes is None
+              else min(limits.max_folded_bytes, limits.output_limit(ctx.input_bytes) - held)]
     for graph in ctx.graph.live_graphs():
         for node in graph:
             fold_node(ctx, graph, node, result, budget)

@@ -61,7 +61,7 @@ def _plan_open_dims(ctx: PassContext, samples: dict):
     plans: dict[tuple, tuple] = {}
 
     def plan_at(point: dict[str, int]) -> Sample:
-        with types_at(ctx.model, shapes(specs, {}, point)):
+        with types_at(ctx.model, shapes(specs, {}, point), ctx.options.limits):
             usable = applicable_bounds(ctx.graph, bounds)
             section, plan = estimate_memory(ctx.graph, usable)
             sizing = Sizing.from_bounds(ctx.graph, usable)
