@@ -2,6 +2,7 @@
 
 ``MIRSERVE_AUTH=keys`` (the default): the key's owner and role make the request's ``Principal``; a user sees
 only its own jobs (another owner's job is a 404, as if it did not exist), an admin sees all.
+With an identity provider configured (``app.oidc``), its JWTs are accepted too, beside the keys.
 ``MIRSERVE_AUTH=none``: every request is the local user, who sees every job, as before keys existed; the
 service then refuses to start on an address other than loopback unless ``MIRSERVE_ALLOW_INSECURE=1``.
 """
@@ -18,6 +19,7 @@ from app.problems import ProblemError
 from app.settings import Settings
 from worker.jobs import Job, Role
 
+KEY_PREFIX = "msk_"  # the service's own keys (worker.jobs.keys); any other bearer token may be an OIDC JWT
 bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey", bearerFormat="msk_<id>_<secret>",
                     description="An API key made by `mirserve keys create` (sent as `Authorization: Bearer <key>`).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
@@ -56,7 +58,13 @@ def authenticate(request: Request, credentials: Credentials) -> Principal:
     if credentials is None:
         raise unauthorized("this API needs an API key: send it as 'Authorization: Bearer <key>' (an operator "
                            "makes keys with `mirserve keys create`)", token_given=False)
-    found = services.keys.authenticate(credentials.credentials)
+    token = credentials.credentials
+    if services.oidc is not None and not token.startswith(KEY_PREFIX):  # a JWT of the identity provider
+        checked = services.oidc.authenticate(token)
+        if isinstance(checked, str):
+            raise unauthorized(checked, token_given=True)
+        return Principal(owner=checked[0], is_admin=checked[1])
+    found = services.keys.authenticate(token)
     if isinstance(found, str):
         raise unauthorized(found, token_given=True)
     return Principal(owner=found.owner, is_admin=found.role is Role.ADMIN)

@@ -50,6 +50,15 @@ class Services:
         return KeyStore(self.store)
 
     @cached_property
+    def oidc(self):
+        """The identity provider's token checker (app.oidc), or None when none is configured."""
+        if not self.settings.oidc_issuer:
+            return None
+        from app.oidc import OidcVerifier
+
+        return OidcVerifier(self.settings)
+
+    @cached_property
     def upload_rate(self) -> UploadRate:
         return UploadRate(self.settings.quota_uploads_per_minute)
 
