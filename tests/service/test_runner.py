@@ -182,13 +182,14 @@ def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
 
 def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
     """The reaper gives the job to another worker while the first still runs: only the second publishes."""
-    first = make_worker()
+    # The lease is expired by hand; a long one keeps a loaded machine's late heartbeat from reaping attempt 2.
+    first = make_worker(lease_seconds=30.0)
     job_id = submit(first, passes=4, pass_seconds=0.5)
     stale = running_with_child(first, job_id)
     _expire_lease(first.store, job_id)
     assert [r.job_id for r in first.store.reap_expired()] == [job_id]
     first.queue.enqueue(job_id)
-    second = make_worker()
+    second = make_worker(lease_seconds=30.0)
     job = finished(second, job_id)
     assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
     assert not _alive(stale.child_pid)  # the first attempt noticed and killed its engine
