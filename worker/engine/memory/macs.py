@@ -162,6 +162,48 @@ def _attention(inputs, outputs, attributes) -> int:
     return (math.prod(q) + math.prod(y)) * keys
 
 
+def _kv_length(inputs, outputs, present_slot: int, present_axis: int, key_slot: int, key_axis_3d: int,
+               past_slot: int | None, past_axis: int) -> int:
+    """Keys each query attends to: the present key's length when known, else the key's (plus the past's)."""
+    present = outputs[present_slot] if len(outputs) > present_slot else None
+    if _known(present) and len(present) > present_axis:
+        return present[present_axis]
+    key = _shape(inputs, key_slot, "key")
+    length = key[key_axis_3d] if len(key) == 3 else key[-2]
+    if past_slot is not None and len(inputs) > past_slot and inputs[past_slot] is not None:
+        length += _shape(inputs, past_slot, "past key")[past_axis]
+    return length
+
+
+def _contrib_attention(inputs, outputs, attributes) -> int:
+    """com.microsoft.Attention: the Q/K/V projection (X by its weights), then scores and weighted values."""
+    x, w, y = _shape(inputs, 0, "input"), _shape(inputs, 1, "weights"), _out(outputs)
+    if len(x) != 3 or len(w) != 2:
+        raise Unknown("its input or weights", f"of ranks {len(x)} and {len(w)}")
+    sizes = list(attributes.get("qkv_hidden_sizes") or [])
+    q_hidden = sizes[0] if sizes else w[1] // 3
+    present = outputs[1] if len(outputs) > 1 else None
+    if _known(present) and len(present) == 5:
+        keys = present[3]
+    else:
+        keys = x[1]
+        if len(inputs) > 4 and inputs[4] is not None:
+            keys += _shape(inputs, 4, "past")[3]
+    return math.prod(x) * w[1] + x[0] * x[1] * keys * q_hidden + math.prod(y) * keys
+
+
+def _multi_head_attention(inputs, outputs, attributes, grouped: bool = False) -> int:
+    """com.microsoft.MultiHeadAttention / GroupQueryAttention (projected Q, K, V): one MAC per query element
+    per key for the scores, one per output element per key for the weighted sum (query size = output size
+    per head, as these ops require)."""
+    out = _out(outputs)
+    if grouped:  # GroupQueryAttention: present_key [B, kv_heads, T, H]; past_key input 3
+        keys = _kv_length(inputs, outputs, 1, 2, 1, 1, 3, 2)
+    else:  # MultiHeadAttention: present_key [B, heads, T, H]; past_key input 6
+        keys = _kv_length(inputs, outputs, 1, 2, 1, 1, 6, 2)
+    return 2 * math.prod(out) * keys
+
+
 Counter = Callable[[Sequence, Sequence, Mapping], int]
 
 #: Standard ops that do counted MACs; QLinear* forms keep the weight (or B) after the scale and zero point
@@ -193,6 +235,9 @@ CONTRIB_COUNTERS: dict[tuple[str, str], Counter] = {
         "FusedMatMul", "TransposeMatMul", "MatMulInteger16", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
         "MatMulNBits", "MatMulBnb4", "MatMulFpQ4")},
     ("com.microsoft.nchwc", "Conv"): _nchwc_conv,
+    ("com.microsoft", "Attention"): _contrib_attention,
+    ("com.microsoft", "MultiHeadAttention"): _multi_head_attention,
+    ("com.microsoft", "GroupQueryAttention"): lambda i, o, a: _multi_head_attention(i, o, a, grouped=True),
 }
 #: Contrib ops that do no counted MACs (elementwise, normalization, quantization, data movement, pooling).
 CONTRIB_ZERO = frozenset({("com.microsoft", op) for op in (
