@@ -90,8 +90,9 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}
+    input_bytes = before["bytes"] + model.external_data_bytes  # the weights in external data count too
     ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
-                      input_bytes=before["bytes"])
+                      input_bytes=input_bytes)
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
@@ -124,7 +125,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
                                         tried=ctx.sample_shapes["tried"])
 
         limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
-                            before["bytes"])
+                            input_bytes)
         saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
