@@ -17,13 +17,15 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "transformers"
 EXPORTERS = ("dynamo", "torchscript")
 
 #: model -> the fused ops the one-layer export must end with (standard ops only), and the op types that
-#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models split q and k in halves.
+#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models rotate q and k.
 EXPECTED = {
     "bert": ({"Gelu": 1}, {"Erf", "Div"}),
     "gpt2": ({"Gelu": 1}, {"Tanh", "Pow"}),
-    "phi": ({"Gelu": 1}, {"Tanh", "Pow", "Slice"}),
-    "llama": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
-    "qwen2": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
+    "phi": ({"Gelu": 1, "RotaryEmbedding": 2}, {"Tanh", "Pow", "Slice", "Split", "Neg"}),
+    "llama": ({"RMSNormalization": 3, "RotaryEmbedding": 2},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg"}),
+    "qwen2": ({"RMSNormalization": 3, "RotaryEmbedding": 2},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg"}),
     "t5_encoder": ({"RMSNormalization": 3}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal"}),
 }
 CASES = [(model, exporter) for model in EXPECTED for exporter in EXPORTERS]

@@ -13,5 +13,6 @@ from worker.engine.passes.fuse import (  # noqa: F401  (registration)
     pad_conv_fuse,
     pad_pool_fuse,
     rms_norm_fuse,
+    rotary_embedding_fuse,
     split_fuse,
 )
