@@ -85,7 +85,7 @@ CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "har
 FUSE: tuple[str, ...] = (
     "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse", "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse",
     "fc_fuse", "gemm_bn_fuse", "fold_scale_axis", "split_fuse",
-    "rotary_embedding_fuse",
+    "rotary_embedding_fuse", "attention_fuse",
 )
 REPLACE: tuple[str, ...] = (
     "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",

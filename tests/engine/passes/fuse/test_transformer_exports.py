@@ -17,16 +17,17 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "transformers"
 EXPORTERS = ("dynamo", "torchscript")
 
 #: model -> the fused ops the one-layer export must end with (standard ops only), and the op types that
-#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models rotate q and k.
+#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models rotate q and k; one
+#: attention per layer (grouped-query ones without their repeat_kv Expand).
 EXPECTED = {
-    "bert": ({"Gelu": 1}, {"Erf", "Div"}),
-    "gpt2": ({"Gelu": 1}, {"Tanh", "Pow"}),
-    "phi": ({"Gelu": 1, "RotaryEmbedding": 2}, {"Tanh", "Pow", "Slice", "Split", "Neg"}),
-    "llama": ({"RMSNormalization": 3, "RotaryEmbedding": 2},
-              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg"}),
-    "qwen2": ({"RMSNormalization": 3, "RotaryEmbedding": 2},
-              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg"}),
-    "t5_encoder": ({"RMSNormalization": 3}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal"}),
+    "bert": ({"Gelu": 1, "Attention": 1}, {"Erf", "Div", "Softmax"}),
+    "gpt2": ({"Gelu": 1, "Attention": 1}, {"Tanh", "Pow", "Softmax"}),
+    "phi": ({"Gelu": 1, "RotaryEmbedding": 2, "Attention": 1}, {"Tanh", "Pow", "Slice", "Split", "Neg", "Softmax"}),
+    "llama": ({"RMSNormalization": 3, "RotaryEmbedding": 2, "Attention": 1},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg", "Softmax", "Expand"}),
+    "qwen2": ({"RMSNormalization": 3, "RotaryEmbedding": 2, "Attention": 1},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg", "Softmax", "Expand"}),
+    "t5_encoder": ({"RMSNormalization": 3, "Attention": 1}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax"}),
 }
 CASES = [(model, exporter) for model in EXPECTED for exporter in EXPORTERS]
 
