@@ -79,7 +79,7 @@ CLEANUP: tuple[str, ...] = (
 #: first in each round: before any fold moves their constants into weights, and before a cleanup such as
 #: eliminate_reshape_before_binaryop reroutes one reader of a chain's input and so splits the chain (GPT-2's
 #: tanh Gelu reads one Reshape from three ops).
-CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse")
+CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse", "transformer_domain_fuse")
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
 #: Order: BatchNormalization absorbs its trailing affine before it folds into a conv.
 FUSE: tuple[str, ...] = (

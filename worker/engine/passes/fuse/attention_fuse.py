@@ -29,90 +29,9 @@ from __future__ import annotations
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.normalization import scalar
 from worker.engine.passes.support.operands import int_list
-from worker.engine.passes.support.standard_ops import standard_op_refusal
-from worker.engine.passes.support.weights import FLOAT_TYPES
+from worker.engine.passes.support.transformer_chains import ScaledDotProduct, static4
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
-
-
-def static4(value) -> tuple[int, int, int, int] | None:
-    shape = value.shape
-    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
-        return None
-    return tuple(shape)
-
-
-def broadcast(a: tuple, b: tuple) -> tuple:
-    """The shape of a + b (a dim of 1 gives way to the other; symbolic dims kept)."""
-    a, b = (1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)
-    return tuple(y if x == 1 else x for x, y in zip(a, b))
-
-
-class ScaledDotProduct(Rule):
-    def __init__(self, scale: str, masks: int):
-        super().__init__()
-        self.scale, self.masks = scale, masks
-        self.name = f"attention_{scale}_{masks}_masks"
-
-    def build_pattern(self) -> Pattern:
-        p = Pattern(self.name)
-        scores = p.MatMul(p.var("q"), p.var("kt"), key="qk")
-        if self.scale != "none":
-            scores = p.op("Mul" if self.scale == "mul" else "Div", scores, p.var("c"), key="scale",
-                          commutative=self.scale == "mul")
-        for i in range(self.masks):
-            scores = p.Add(scores, p.var(f"mask{i}"), key=f"add{i}", commutative=True)
-        weights = p.Softmax(scores, key="softmax")
-        p.MatMul(weights, p.var("v"), key="pv", out="out")
-        return p
-
-    def check(self, ctx: PassContext, match: Match) -> float | str:
-        """The scale, or why the chain is not an Attention."""
-        refusal = standard_op_refusal(ctx, "Attention", 23)
-        if refusal:
-            return refusal
-        qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
-        shapes = [static4(x) for x in (q, kt, v)]
-        if None in shapes or q.dtype not in FLOAT_TYPES:
-            return f"the operands of {describe(qk)} and the values are not 4-D float tensors of static shape"
-        (b, hq, s, d), (bk, hk, dk, skv), (bv, hv, sv, dv) = shapes
-        if not (b == bk == bv and d == dk and skv == sv and hk == hv and hk and hq % hk == 0):
-            return (f"{describe(qk)} does not read query {list(shapes[0])}, transposed keys {list(shapes[1])} and "
-                    f"values {list(shapes[2])} of one batch with query heads a multiple of key-value heads")
-        axis = match.node("softmax").attr("axis", -1)
-        if axis % 4 != 3:
-            return f"{describe(match.node('softmax'))} does not normalize over the keys (axis {axis})"
-        for i in range(self.masks):
-            mask = match.value(f"mask{i}")
-            if mask.dtype != q.dtype or mask.shape is None or len(mask.shape) > 4:
-                return f"the mask {mask.name!r} is not a float tensor of rank 4 at most"
-        if self.scale == "none":
-            return 1.0
-        c = scalar(match.value("c"))
-        if c is None or c == 0:
-            return f"the scale {match.value('c').name!r} of {describe(match.node('scale'))} is not a nonzero constant"
-        return c if self.scale == "mul" else 1.0 / c
-
-    def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
-        graph, anchor = match.graph, match.node("pv")
-        created = [graph.add_node("Transpose", [match.value("kt")], outputs=1, name=f"{anchor.name}_keys",
-                                  before=anchor, attributes={"perm": [0, 1, 3, 2]})]
-        kt = match.value("kt")
-        keys = created[0].outputs[0]
-        keys.dtype, keys.shape = kt.dtype, (*kt.shape[:2], kt.shape[3], kt.shape[2])
-        inputs = [match.value("q"), keys, match.value("v")]
-        if self.masks == 2:
-            masks = [match.value("mask0"), match.value("mask1")]
-            created.append(graph.add_node("Add", masks, outputs=1, name=f"{anchor.name}_mask", before=anchor))
-            total = created[-1].outputs[0]
-            total.dtype, total.shape = masks[0].dtype, broadcast(masks[0].shape, masks[1].shape)
-            inputs.append(total)
-        elif self.masks == 1:
-            inputs.append(match.value("mask0"))
-        created.append(graph.add_node("Attention", inputs, outputs=[match.value("out")], name=anchor.name,
-                                      before=anchor, attributes={"scale": float(scale)}))
-        return created
 
 
 class RepeatKV(Rule):
