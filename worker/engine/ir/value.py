@@ -45,6 +45,9 @@ class ConstSource:
     def array(self) -> np.ndarray:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Drop what reading the data mapped into the resident set (nothing, unless the data is a mapped file)."""
+
 
 @journaled
 class Value:
@@ -119,6 +122,12 @@ class Value:
             array = np.asarray(array)
             array.flags.writeable = False
         self._const = array
+
+    def release_pages(self) -> None:
+        """After reading a few elements of a mapped weight: drop the pages the read mapped, so a pass that
+        samples every weight does not hold the whole model in its resident set."""
+        if self._source is not None:
+            self._source.release()
 
     @property
     def const_source(self) -> ConstSource | None:

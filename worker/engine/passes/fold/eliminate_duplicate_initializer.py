@@ -47,6 +47,7 @@ def merge_graph(graph: Graph) -> list[tuple[str, str]]:
         by_sample: dict[bytes, list[Value]] = defaultdict(list)
         for value in members:
             by_sample[sample_key(value.const)].append(value)
+            value.release_pages()  # the sample's faults mapped megabytes of a weight file
         for candidates in by_sample.values():
             merged.extend(_merge_equal(graph, candidates))
     return merged
