@@ -134,10 +134,12 @@ def test_no_host_fallback_drops_the_host_places(tmp_path):
                  "--no-host-fallback"]) == 1
 
 
+@pytest.mark.models
 def test_every_corpus_op_is_supported_on_the_done_when_places(tmp_path):
     from tests.conftest import CORPUS_SHAPES
     for name in CORPUS_SHAPES:
-        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "x86/fp32/nchw"):
+        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "npu/int8/nchw,arm/fp32/nchw",
+                       "x86/fp32/nchw"):
             report = optimize(CORPUS / name, tmp_path / name,
                               OptimizeOptions(places=places, check_support_only=True,
                                               input_shapes=CORPUS_SHAPES[name]))
