@@ -36,7 +36,7 @@ from worker.engine.passes.support.casts import fits_fp16, is_cast
 from worker.engine.passes.support.nhwc import nhwc_form, nhwc_refusal
 from worker.engine.passes.support import pick_plan as plan
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_facts, node_opset
-from worker.engine.places import Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
+from worker.engine.places import HOST, Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
 
 TOP = 3
 
@@ -237,7 +237,9 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
     result = PassResult()
     nodes, options, failures = _options(ctx)
     if failures:
-        raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
+        ctx.report["pick_failures"] = failures  # --check-support reports them per op type and stops here
+        if not ctx.options.check_support_only:
+            raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
     flows = plan.build_flows(ctx.graph, nodes, lambda value: fetch_place(ctx, value))
     problem = plan.Problem(nodes, options, flows, default_cost_model())
     choice, figures = plan.solve(problem, [0] * len(nodes))
@@ -248,9 +250,21 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
         for body in node.subgraphs():
             _pick_body(body, pick, ctx)
     result.data["picked"] = len(result.details)
-    result.data["plan"] = figures.to_dict()
-    ctx.report["placement"] = figures.to_dict()
+    result.data["plan"] = ctx.report["placement"] = {**figures.to_dict(), "host_by_choice": _host_by_choice(
+        ctx, nodes, options, choice)}
     return result
+
+
+def _host_by_choice(ctx: PassContext, nodes: list[Node], options: list[list], choice: list[int]) -> dict:
+    """Op types of the nodes the plan put on a host place although a place the user listed could run them
+    (the casts around that place cost more), with their node counts."""
+    users = {p.target.name for p in ctx.places if p.target.name != HOST.name}
+    found: dict[str, int] = {}
+    for node, node_options, chosen in zip(nodes, options, choice):
+        if node_options[chosen].place[0] == HOST.name and any(o.place[0] in users for o in node_options):
+            op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            found[op] = found.get(op, 0) + 1
+    return dict(sorted(found.items()))
 
 
 def _options(ctx: PassContext) -> tuple[list[Node], list[list], dict]:
