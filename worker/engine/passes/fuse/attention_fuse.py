@@ -5,7 +5,7 @@
     y = MatMul(Softmax(s, axis=-1), v)        ->  Attention(q, Transpose(kT, [0, 1, 3, 2]), v, mask, scale=c)
 
 q (batch, q_heads, seq, head), kT (batch, kv_heads, head, kv_seq) and v (batch, kv_heads, kv_seq, v_head) are
-4-D with static head counts and equal batches, and q_heads a multiple of kv_heads (the op repeats each KV head
+4-D with static head counts and head sizes and equal batches (batch and sequence may be symbolic), and q_heads a multiple of kv_heads (the op repeats each KV head
 for q_heads / kv_heads consecutive query heads, as the transformers library's repeat_kv does). The key
 transpose the op needs is emitted as a Transpose of kT; consecutive-transpose fusion then cancels it against
 the Transpose that made kT (BERT's (0, 2, 3, 1), Llama's (0, 1, 3, 2)). The scale is a scalar constant (1

@@ -111,6 +111,17 @@ class GeluChain(Rule):
                                     before=match.node("last"))
 
 
+def heads4(value) -> tuple | None:
+    """A 4-D shape whose dims are all known (symbolic batch and sequence allowed) and whose head count and
+    head size are static, or None."""
+    shape = value.shape
+    if shape is None or len(shape) != 4 or any(d is None or d == "" for d in shape):
+        return None
+    if not isinstance(shape[1], int) or not (isinstance(shape[2], int) or isinstance(shape[3], int)):
+        return None
+    return tuple(shape)
+
+
 def static4(value) -> tuple[int, int, int, int] | None:
     shape = value.shape
     if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
@@ -148,9 +159,10 @@ class ScaledDotProduct(Rule):
 
     def plan(self, ctx: PassContext, match: Match) -> float | str:
         qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
-        shapes = [static4(x) for x in (q, kt, v)]
+        shapes = [heads4(x) for x in (q, kt, v)]
         if None in shapes or q.dtype not in FLOAT_TYPES:
-            return f"the operands of {describe(qk)} and the values are not 4-D float tensors of static shape"
+            return (f"the operands of {describe(qk)} and the values are not 4-D float tensors of known shape with "
+                    f"static head counts and head sizes")
         (b, hq, s, d), (bk, hk, dk, skv), (bv, hv, sv, dv) = shapes
         if not (b == bk == bv and d == dk and skv == sv and hk == hv and hk and hq % hk == 0):
             return (f"{describe(qk)} does not read query {list(shapes[0])}, transposed keys {list(shapes[1])} and "
