@@ -111,3 +111,23 @@ def test_no_kernel_in_any_valid_place_is_refused(tmp_path):
 def test_symbolic_batch_and_sequence(tmp_path):
     out = optimize(tmp_path, attention_model(symbolic=True), [PASS, *CLEANUP])
     assert out.ops == ["Attention"]
+
+
+def test_half_precision_softmax_in_float_sets_softmax_precision(tmp_path):
+    """fp16 scores cast to float for the Softmax and back (make_llama's form): softmax_precision=1."""
+    text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float16[{B}, {H}, {S}, {D}] q, float16[{B}, {H}, {D}, {S}] kt, '
+            f'float16[{B}, {H}, {S}, {D}] v) => (float16[{B}, {H}, {S}, {D}] y) {{\n'
+            "s = MatMul (q, kt)\nu = Cast <to = 1> (s)\np = Softmax <axis = -1> (u)\nd = Cast <to = 10> (p)\n"
+            "y = MatMul (d, v)\n}")
+    out = optimize(tmp_path, parser.parse_model(text), [PASS], check=False)
+    assert sorted(out.ops) == ["Attention", "Transpose"]
+    assert out.node("Attention").attr("softmax_precision") == 1 and out.node("Attention").attr("scale") == 1.0
+
+
+def test_casts_that_do_not_go_back_are_refused(tmp_path):
+    text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float16[{B}, {H}, {S}, {D}] q, float16[{B}, {H}, {D}, {S}] kt, '
+            f'float[{B}, {H}, {S}, {D}] v) => (float[{B}, {H}, {S}, {D}] y) {{\n'
+            "s = MatMul (q, kt)\nu = Cast <to = 1> (s)\np = Softmax <axis = -1> (u)\nd = Cast <to = 1> (p)\n"
+            "y = MatMul (d, v)\n}")
+    out = optimize(tmp_path, parser.parse_model(text), [PASS], check=False)
+    assert "Attention" not in out.ops and out.refused("to float and back")
