@@ -70,6 +70,14 @@ class MappedTensor(ConstSource):
         if self.file is not None:
             self.file.release(self.offset, self.nbytes)
 
+    def take(self, positions: np.ndarray) -> np.ndarray | None:
+        if self.file is None:
+            return None
+        np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.dtype))
+        data = self.file.read_at(self.offset + np.asarray(positions, dtype=np.int64) * np_dtype.itemsize,
+                                 np_dtype.itemsize)
+        return None if data is None else np.frombuffer(data, dtype=np_dtype)
+
 
 class ProtoTensor(ConstSource):
     """A (small, or unusually encoded) initializer kept as its TensorProto until read."""

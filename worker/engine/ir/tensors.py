@@ -54,11 +54,12 @@ class MappedFile:
     (``copy_file_range``) instead of reading them through the mapping, which would count every page copied in
     the process's resident set."""
 
-    __slots__ = ("map", "fd", "path", "__weakref__")
+    __slots__ = ("map", "fd", "path", "_random_fd", "__weakref__")
 
     def __init__(self, fd: int, path: Path):
         """Maps ``fd`` and takes it over (it is closed with this object)."""
         self.fd, self.path = fd, path
+        self._random_fd = -1
         try:
             self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except BaseException:
@@ -69,12 +70,37 @@ class MappedFile:
         return len(self.map)
 
     def __del__(self) -> None:
-        fd, self.fd = getattr(self, "fd", -1), -1
-        if fd >= 0:
+        for name in ("fd", "_random_fd"):
+            fd = getattr(self, name, -1)
+            setattr(self, name, -1)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def read_at(self, offsets, size: int) -> bytes | None:
+        """``size`` bytes at each offset, concatenated, read without the mapping and without readahead (a
+        fault on the mapping reads and maps megabytes around the element); None when the file cannot be
+        read that way."""
+        if self._random_fd < 0:
             try:
-                os.close(fd)
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
             except OSError:
-                pass
+                return None
+            if os.fstat(fd).st_ino != os.fstat(self.fd).st_ino:  # replaced since it was mapped
+                os.close(fd)
+                return None
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            self._random_fd = fd
+        try:
+            parts = [os.pread(self._random_fd, size, int(offset)) for offset in offsets]
+        except OSError:
+            return None
+        if any(len(part) != size for part in parts):
+            return None
+        return b"".join(parts)
 
     def release(self, offset: int, length: int) -> None:
         """Drop the process's mapping of these bytes' pages (the page cache keeps them; reading them again
