@@ -4,6 +4,7 @@ committed in tests/engine/data/transformers). Raised to opset 23 and run at --po
 decomposed forms the fusions target, and every output agrees with the export's on onnxruntime."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -78,3 +79,27 @@ def test_default_run_at_opset_17_fuses_into_domain_ops_with_bodies(tmp_path, mod
     assert {op: ops[op] for op in DOMAIN_EXPECTED[model]} == DOMAIN_EXPECTED[model]
     assert set(DOMAIN_EXPECTED[model]) <= {f.name for f in saved.functions}
     assert "Softmax" not in {node.op_type for node in saved.graph.node}
+
+
+@pytest.mark.models
+def test_make_llama_fp16_with_static_input_gets_rotary_and_attention(tmp_path):
+    """bench/make_llama.py's Llama graph (fp16, Softmax in float between Casts, GQA 8/2 heads): with the input
+    shape given, every rotary and attention is fused at --portable --target-opset 23, and it verifies."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[4]
+    source = tmp_path / "llama.onnx"
+    subprocess.run([sys.executable, str(repo / "bench" / "make_llama.py"), str(source), "--layers", "2", "--hidden",
+                    "256", "--heads", "8", "--kv-heads", "2", "--intermediate", "688", "--vocab", "1000"],
+                   check=True, capture_output=True)
+    from worker.engine.api import run_cli
+
+    # The command line: external data is read only from a local model given there.
+    code = run_cli(["optimize", str(source), "-o", str(tmp_path / "out.onnx"), "--portable", "--target-opset", "23",
+                    "--input-shape", "input_ids=1,16", "--quiet", "--report", str(tmp_path / "report.json")])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0 and report["verification"]["passed"], report["verification"]
+    ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node)
+    assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4, 2), ops
+    assert not ops["Softmax"] and not ops["Neg"] and not ops["Expand"]

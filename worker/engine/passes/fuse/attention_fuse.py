@@ -5,13 +5,14 @@
     y = MatMul(Softmax(s, axis=-1), v)        ->  Attention(q, Transpose(kT, [0, 1, 3, 2]), v, mask, scale=c)
 
 q (batch, q_heads, seq, head), kT (batch, kv_heads, head, kv_seq) and v (batch, kv_heads, kv_seq, v_head) are
-4-D with static head counts and equal batches, and q_heads a multiple of kv_heads (the op repeats each KV head
+4-D with static head counts and head sizes and equal batches (batch and sequence may be symbolic), and q_heads a multiple of kv_heads (the op repeats each KV head
 for q_heads / kv_heads consecutive query heads, as the transformers library's repeat_kv does). The key
 transpose the op needs is emitted as a Transpose of kT; consecutive-transpose fusion then cancels it against
 the Transpose that made kT (BERT's (0, 2, 3, 1), Llama's (0, 1, 3, 2)). The scale is a scalar constant (1
 without one: BERT's dynamo export folds it into the query weights); two added masks (T5's position bias and
 its padding mask) become one Add feeding attn_mask. Masks here are the exporters' additive float masks;
-causal masking is part of them, so is_causal stays 0.
+causal masking is part of them, so is_causal stays 0. A half-precision model that casts the scores to float
+for the Softmax and back (bench/make_llama.py) gets softmax_precision=1 (float), which is what the op means by it.
 
     Attention(q, Reshape(Expand(Unsqueeze(k, [2]), [b, kv, n, s, d]), [b, kv * n, s, d]), ...)
                                               ->  Attention(q, k, ...)       (the same for v)
@@ -83,5 +84,6 @@ class RepeatKV(Rule):
                            "masks and grouped-query repeat_kv, into Attention (opset 23+)")
 def attention_fuse(ctx: PassContext) -> PassResult:
     # The longest chains first, so a scale or mask goes into the op rather than staying before it.
-    rules = [ScaledDotProduct(scale, masks) for masks in (2, 1, 0) for scale in ("mul", "div", "none")]
+    rules = [ScaledDotProduct(scale, masks, float_softmax) for float_softmax in (True, False) for masks in (2, 1, 0)
+             for scale in ("mul", "div", "none")]
     return apply_rules(ctx, [*rules, RepeatKV()])
