@@ -158,3 +158,21 @@ def test_onnxruntime_attention_ops():
     count, reason = count_macs("MoE", "com.microsoft", [(2, 64)], [(2, 64)])
     assert count is None and reason == ("com.microsoft.MoE (an onnxruntime contrib op) may do MACs that mirserve "
                                         "has no rule to count")
+
+
+def test_a_model_s_own_functions_count_through_their_bodies_nested_calls_included():
+    from onnx import helper
+    # com.acme.Proj(X, W) = MatMul(X, W); com.acme.Block(X, W1, W2) = Relu(Proj(X, W1)) then Proj(., W2).
+    proj = helper.make_function("com.acme", "Proj", ["X", "W"], ["Y"], [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+                                [helper.make_opsetid("", 17)])
+    block = helper.make_function("com.acme", "Block", ["X", "W1", "W2"], ["Y"], [
+        helper.make_node("Proj", ["X", "W1"], ["h"], domain="com.acme"), helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Proj", ["r", "W2"], ["Y"], domain="com.acme")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)])
+    functions = {("com.acme", "Proj"): proj, ("com.acme", "Block"): block}
+    count, reason = count_macs("Block", "com.acme", [(4, 32), (32, 64), (64, 8)], [(4, 8)], {}, opset=17,
+                               functions=functions)
+    assert (count, reason) == (4 * 64 * 32 + 4 * 8 * 64, None)
+    count, reason = count_macs("Block", "com.acme", [(4, 32), (32, 64), (64, 8)], [(4, 8)], {}, opset=17,
+                               functions={("com.acme", "Block"): block})  # Proj's definition missing
+    assert count is None and reason.startswith("com.acme.Block: ")

@@ -301,7 +301,7 @@ def count_macs(op_type: str, domain: str, input_shapes: Sequence[Shape | None],
         if domain in CONTRIB_DOMAINS and function is None:
             return None, f"{kind} (an onnxruntime contrib op) may do MACs that mirserve has no rule to count"
         if function is not None:
-            return _body_macs(function, input_shapes, attributes, input_types, opset), None
+            return _body_macs(function, input_shapes, attributes, input_types, opset, functions), None
     except Unknown as error:
         what, value = error.args
         return None, f"{kind}: {what} is {value}"
@@ -359,24 +359,26 @@ def _build_function(op_type: str, opset: int) -> FunctionProto | None:
         return None
 
 
-def _body_macs(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset) -> int:
-    if not _may_do_macs(function):
+def _body_macs(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset,
+               functions: Mapping[tuple[str, str], FunctionProto] | None = None) -> int:
+    if not _may_do_macs(function, functions or {}, opset):
         return 0
-    key = (function.domain, function.name, function.SerializeToString(),
+    nested = _with_nested(function, opset, functions or {})
+    key = (b"".join(f.SerializeToString() for f in nested),
            tuple(None if s is None else tuple(s) for s in input_shapes),
            tuple(input_types or ()), _frozen(attributes), opset)
-    return _cached_body_macs(key, function, input_shapes, attributes, input_types, opset)
+    return _cached_body_macs(key, nested, input_shapes, attributes, input_types, opset)
 
 
 _BODY_CACHE: dict[tuple, int | Unknown] = {}
 
 
-def _cached_body_macs(key, function, input_shapes, attributes, input_types, opset) -> int:
+def _cached_body_macs(key, nested, input_shapes, attributes, input_types, opset) -> int:
     if key not in _BODY_CACHE:
         if len(_BODY_CACHE) > 4096:
             _BODY_CACHE.clear()
         try:
-            _BODY_CACHE[key] = _infer_body(function, input_shapes, attributes, input_types, opset)
+            _BODY_CACHE[key] = _infer_body(nested, input_shapes, attributes, input_types, opset)
         except Unknown as error:
             _BODY_CACHE[key] = error
     result = _BODY_CACHE[key]
@@ -385,15 +387,25 @@ def _cached_body_macs(key, function, input_shapes, attributes, input_types, opse
     return result
 
 
-def _may_do_macs(function: FunctionProto) -> bool:
-    """Whether any node of the body (nested functions of the mirserve domain included) may count MACs."""
+def _resolve(domain: str, op_type: str, opset: int | None,
+             functions: Mapping[tuple[str, str], FunctionProto]) -> FunctionProto | None:
+    """The function that defines a call: the model's own first, then the mirserve op of that name."""
+    if (domain, op_type) in functions:
+        return functions[(domain, op_type)]
+    return _mirserve_function(op_type, opset or _DEFAULT_OPSET) if domain == MIRSERVE else None
+
+
+def _may_do_macs(function: FunctionProto, functions: Mapping[tuple[str, str], FunctionProto],
+                 opset: int | None, seen: frozenset = frozenset()) -> bool:
+    """Whether any node of the body (nested function calls included) may count MACs."""
+    seen = seen | {(function.domain, function.name)}
     for node in function.node:
         if node.domain in ("", "ai.onnx") and (node.op_type in STANDARD_COUNTERS
                                               or node.op_type in UNCOUNTED_STANDARD):
             return True
         if node.domain not in STANDARD_DOMAINS:
-            inner = _mirserve_function(node.op_type, _DEFAULT_OPSET) if node.domain == MIRSERVE else None
-            if inner is None or _may_do_macs(inner):
+            inner = _resolve(node.domain, node.op_type, opset, functions)
+            if inner is None or (node.domain, node.op_type) in seen or _may_do_macs(inner, functions, opset, seen):
                 return True
     return False
 
@@ -408,8 +420,10 @@ def _frozen(attributes: Mapping) -> tuple:
     return tuple(sorted((name, freeze(value)) for name, value in attributes.items()))
 
 
-def _infer_body(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset) -> int:
-    """Inline the function for this call, infer the shapes inside, and count the nodes of the body."""
+def _infer_body(nested: list[FunctionProto], input_shapes, attributes: Mapping, input_types, opset) -> int:
+    """Inline the function (``nested[0]``, with the functions it calls) for this call, infer the shapes
+    inside, and count the nodes of the body."""
+    function = nested[0]
     formals = list(function.input)
     for slot, shape in enumerate(input_shapes[:len(formals)]):
         if shape is not None and not _known(shape):
@@ -432,9 +446,12 @@ def _infer_body(function: FunctionProto, input_shapes, attributes: Mapping, inpu
                                                              for o in outputs])
     imports = {o.domain: o.version for o in function.opset_import}
     imports[""] = max(imports.get("", 0), version)
-    imports.setdefault(function.domain, 1)
+    for each in nested:
+        for o in each.opset_import:
+            imports.setdefault(o.domain, o.version)
+        imports.setdefault(each.domain, 1)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],
-                              functions=_with_nested(function, version))
+                              functions=nested)
     try:
         inlined = inliner.inline_local_functions(model)
         model = shape_inference.infer_shapes(inlined)
@@ -469,15 +486,17 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _with_nested(function: FunctionProto, opset: int) -> list[FunctionProto]:
-    """The function and the mirserve functions its body calls, so the inliner can expand them all."""
+def _with_nested(function: FunctionProto, opset: int | None,
+                 functions: Mapping[tuple[str, str], FunctionProto]) -> list[FunctionProto]:
+    """The function and every function its body calls (the model's own, mirserve ops), the function first, so
+    the inliner can expand them all."""
     found, queue = {(function.domain, function.name): function}, [function]
     while queue:
         for node in queue.pop().node:
-            if node.domain == MIRSERVE and (MIRSERVE, node.op_type) not in found:
-                inner = _mirserve_function(node.op_type, opset)
+            key = (node.domain, node.op_type)
+            if node.domain not in STANDARD_DOMAINS and key not in found:
+                inner = _resolve(node.domain, node.op_type, opset, functions)
                 if inner is not None:
-                    found[(MIRSERVE, node.op_type)] = inner
+                    found[key] = inner
                     queue.append(inner)
     return list(found.values())
-
