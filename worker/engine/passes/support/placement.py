@@ -234,10 +234,11 @@ def planned_facts(op: str, op_domain: str, opset: int, inputs, outputs, attribut
                      merged, name)
 
 
-def constant_facts(dtype: int, shape: tuple[int, ...]) -> ValueFacts:
-    """The facts of a constant a rewrite would add (a zero bias of ``shape``)."""
+def constant_facts(dtype: int, shape: tuple, *, constant: bool = True) -> ValueFacts:
+    """The facts of a value a rewrite would add: a constant (a zero bias of ``shape``), or with
+    ``constant=False`` an intermediate (a Flatten's output)."""
     numel = 1
     for dim in shape:
-        numel *= dim
-    return ValueFacts(dtype=dtype, rank=len(shape), shape=tuple(shape), is_constant=True,
+        numel = numel * dim if isinstance(dim, int) and isinstance(numel, int) else None
+    return ValueFacts(dtype=dtype, rank=len(shape), shape=tuple(shape), is_constant=constant,
                       precision=precision_of_dtype(dtype), numel=numel)
