@@ -158,12 +158,14 @@ def test_recorded_fallbacks_keep_their_kind_a_rewritten_op_is_a_rewrite_and_an_a
                             {"node": "c3", "cast": "layout", "bytes": None}]}}
     summary = build_summary(report)
     kinds = {f["op"]: (f["kind"], f["user_place_possible"]) for f in summary["host_fallbacks"]}
-    assert kinds == {"Where": ("no kernel", 0), "mirserve.FusedConvSilu": ("rewrite", 1), "Mul": ("pick", 1)}
+    assert kinds == {"Where": ("no kernel", 0), "mirserve.FusedConvSilu": ("rewrite", 0), "Mul": ("pick", 1)}
     rewrite = next(f for f in summary["host_fallbacks"] if f["kind"] == "rewrite")
     assert rewrite["reason"] == "a rewrite made mirserve.FusedConvSilu: no fp16 kernel"
     assert summary["cast_bytes"] == {"io_copy": 0, "calib": 128, "layout": None}
-    (warning,) = summary["warnings"]
-    assert warning.startswith("2 node(s) fell back to host where a place you listed was possible")
+    possible, rewritten = summary["warnings"]
+    assert possible == "1 node(s) fell back to host where a place you listed was possible: Mul (pick: m)"
+    assert rewritten == ("1 node(s) fell back to host on ops a rewrite made, which no place you listed runs: "
+                         "mirserve.FusedConvSilu (f)")
     text = render_summary(summary, width=200)
     assert "calib 2 (128 B)" in text and "rewrite" in text
 

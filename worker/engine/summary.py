@@ -119,7 +119,7 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
             reason, possible = _fallback_reason(kernel_op, sorted(user_targets), has_kernel), False
             kind = "no kernel" if reason.startswith("no kernel") else "constraints"
         if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc"):
-            kind, reason, possible = "rewrite", f"a rewrite made {op}: {reason}", True
+            kind, reason = "rewrite", f"a rewrite made {op}: {reason}"
         group = groups.setdefault((kernel_op, place, kind), {"names": [], "reason": reason, "possible": 0})
         group["names"].append(str(node.get("node")))
         group["possible"] += possible
@@ -191,6 +191,12 @@ def _warnings(report: Mapping[str, Any], fallbacks: Iterable[Mapping[str, Any]] 
         count = sum(int(f["user_place_possible"]) for f in avoidable)
         what = "; ".join(f"{f['op']} ({f['kind']}: {', '.join(f['examples'][:2])})" for f in avoidable[:5])
         warnings.append(f"{count} node(s) fell back to host where a place you listed was possible: {what}")
+    rewritten = [f for f in fallbacks if f.get("kind") == "rewrite"]
+    if rewritten:
+        count = sum(int(f["nodes"]) for f in rewritten)
+        what = "; ".join(f"{f['op']} ({', '.join(f['examples'][:2])})" for f in rewritten[:5])
+        warnings.append(f"{count} node(s) fell back to host on ops a rewrite made, which no place you listed "
+                        f"runs: {what}")
     for plugin in report.get("plugins") or []:
         if plugin.get("status") == "failed":
             warnings.append(f"plugin {plugin.get('origin')} failed to load and was not used: {plugin.get('error')}")
