@@ -81,6 +81,7 @@ class PassManager:
         """Run the steps in order; returns (and keeps in ``self.trace``) the trace entries."""
         names = pass_names(steps)
         self._order = {name: i for i, name in enumerate(names, start=1)}
+        ctx.planned_passes = (*ctx.planned_passes, *names)
         for name in names:
             if name not in self.registry:
                 raise PassError(f"the pipeline names pass {name!r}, which is not registered")
