@@ -96,15 +96,18 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}
+    input_bytes = before["bytes"] + model.external_data_bytes  # the weights in external data count too
     ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
-                      input_bytes=before["bytes"])
+                      input_bytes=input_bytes)
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
     cut = bool(options.cut_start or options.cut_end)
     # Shapes for open input dims, chosen on the input model before the pipeline, so the memory plan plans at
     # them; a cut model's inputs are other values, for which verification chooses its own.
-    ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options)
+    chunk_bytes = verify_chunk_bytes(input_bytes, limits)
+    ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options, chunk_bytes=chunk_bytes,
+                                                             mapped_bytes=input_bytes)
     with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
         trace = manager.run(ctx, (*cut_steps, *get_pipeline(options.pipeline).steps_for(options)))
         rtol, atol = tolerances(options, places)
@@ -117,9 +120,14 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
             nonlocal verification
             if options.verify:
                 shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
+                data = output_path.with_name(output_path.name + ".data")
+                mapped = input_bytes + candidate.stat().st_size + (data.stat().st_size if data.exists() else 0)
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
                                       shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
-                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb,
+                                      chunk_bytes=chunk_bytes, mapped_bytes=mapped)
+                if chunk_bytes:
+                    verification["pieces_of_mb"] = chunk_bytes >> 20
                 if verification["passed"] is None and not options.allow_unverified:
                     raise VerificationError(
                         f"the optimized model cannot be verified, so it is not written: "
@@ -130,7 +138,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                                         tried=ctx.sample_shapes["tried"])
 
         limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
-                            before["bytes"])
+                            input_bytes)
         saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
@@ -161,7 +169,20 @@ def memory_at(memory: Mapping[str, Any], dims: str) -> dict[str, Any]:
     return formulas.memory_at(memory, dims)
 
 
-def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> dict[str, Any] | None:
+#: Weights per piece when verification runs a large model piece by piece.
+VERIFY_CHUNK_BYTES = 256 << 20
+
+
+def verify_chunk_bytes(input_bytes: int, limits) -> int:
+    """0 when verification may load both models whole (their weights within a quarter of its memory budget),
+    else the weight bytes per piece it runs them in (``chunked``), so its memory stays bounded."""
+    if limits.verify_memory_mb and input_bytes > (limits.verify_memory_mb << 20) // 4:
+        return VERIFY_CHUNK_BYTES
+    return 0
+
+
+def sample_input_shapes(model, model_path: Path, options: OptimizeOptions, *, chunk_bytes: int = 0,
+                        mapped_bytes: int = 0) -> dict[str, Any] | None:
     """Shapes for the input dims the user left open, or None when there are none: chosen by running the
     input model (``choose_shapes``) when verification is on, else the first choice untried."""
     specs = graph_specs(model.graph)
@@ -169,7 +190,8 @@ def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> di
         return None
     if options.verify:
         chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
-                               memory_mb=options.limits.verify_memory_mb)
+                               memory_mb=options.limits.verify_memory_mb, chunk_bytes=chunk_bytes,
+                               mapped_bytes=mapped_bytes)
         return chosen if chosen.get("shapes") else None
     try:
         return first_choice(specs, options.input_shapes)

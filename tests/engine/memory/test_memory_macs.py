@@ -137,3 +137,42 @@ def test_every_op_of_every_kernel_table_has_a_rule():
         if count is None and "neither a standard op nor defined by a function" in reason:
             no_rule.append(f"{kernel.domain}.{kernel.op}")
     assert no_rule == []
+
+
+def test_onnxruntime_attention_ops():
+    # com.microsoft.Attention: batch 2, 8 tokens, hidden 64 (4 heads): the projection 2*8*64 x 192 weights,
+    # then 2*8*8 scores of 64 and 2*8*64 outputs of 8 keys each.
+    projection, scores, values = 2 * 8 * 64 * 192, 2 * 8 * 8 * 64, 2 * 8 * 64 * 8
+    assert node_macs("Attention", "com.microsoft", [(2, 8, 64), (64, 192), (192,)], [(2, 8, 64)],
+                     {"num_heads": 4}) == projection + scores + values
+    # With 5 past tokens: 13 keys.
+    assert node_macs("Attention", "com.microsoft", [(2, 8, 64), (64, 192), (192,), None, (2, 2, 4, 5, 16)],
+                     [(2, 8, 64), None], {"num_heads": 4}) == projection + 2 * (2 * 8 * 13 * 64)
+    # MultiHeadAttention on projected Q [2, 8, 64] and K, V [2, 10, 64]: 2 x 2*8*64 x 10.
+    assert node_macs("MultiHeadAttention", "com.microsoft", [(2, 8, 64), (2, 10, 64), (2, 10, 64)],
+                     [(2, 8, 64)], {"num_heads": 4}) == 2 * 2 * 8 * 64 * 10
+    # GroupQueryAttention, 8 query heads over 2 kv heads of 16, present key of 24 tokens.
+    assert node_macs("GroupQueryAttention", "com.microsoft", [(1, 4, 128), (1, 4, 32), (1, 4, 32)],
+                     [(1, 4, 128), (1, 2, 24, 16), (1, 2, 24, 16)], {"num_heads": 8, "kv_num_heads": 2}) == \
+        2 * 4 * 128 * 24
+    count, reason = count_macs("MoE", "com.microsoft", [(2, 64)], [(2, 64)])
+    assert count is None and reason == ("com.microsoft.MoE (an onnxruntime contrib op) may do MACs that mirserve "
+                                        "has no rule to count")
+
+
+def test_a_model_s_own_functions_count_through_their_bodies_nested_calls_included():
+    from onnx import helper
+    # com.acme.Proj(X, W) = MatMul(X, W); com.acme.Block(X, W1, W2) = Relu(Proj(X, W1)) then Proj(., W2).
+    proj = helper.make_function("com.acme", "Proj", ["X", "W"], ["Y"], [helper.make_node("MatMul", ["X", "W"], ["Y"])],
+                                [helper.make_opsetid("", 17)])
+    block = helper.make_function("com.acme", "Block", ["X", "W1", "W2"], ["Y"], [
+        helper.make_node("Proj", ["X", "W1"], ["h"], domain="com.acme"), helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Proj", ["r", "W2"], ["Y"], domain="com.acme")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)])
+    functions = {("com.acme", "Proj"): proj, ("com.acme", "Block"): block}
+    count, reason = count_macs("Block", "com.acme", [(4, 32), (32, 64), (64, 8)], [(4, 8)], {}, opset=17,
+                               functions=functions)
+    assert (count, reason) == (4 * 64 * 32 + 4 * 8 * 64, None)
+    count, reason = count_macs("Block", "com.acme", [(4, 32), (32, 64), (64, 8)], [(4, 8)], {}, opset=17,
+                               functions={("com.acme", "Block"): block})  # Proj's definition missing
+    assert count is None and reason.startswith("com.acme.Block: ")

@@ -162,6 +162,48 @@ def _attention(inputs, outputs, attributes) -> int:
     return (math.prod(q) + math.prod(y)) * keys
 
 
+def _kv_length(inputs, outputs, present_slot: int, present_axis: int, key_slot: int, key_axis_3d: int,
+               past_slot: int | None, past_axis: int) -> int:
+    """Keys each query attends to: the present key's length when known, else the key's (plus the past's)."""
+    present = outputs[present_slot] if len(outputs) > present_slot else None
+    if _known(present) and len(present) > present_axis:
+        return present[present_axis]
+    key = _shape(inputs, key_slot, "key")
+    length = key[key_axis_3d] if len(key) == 3 else key[-2]
+    if past_slot is not None and len(inputs) > past_slot and inputs[past_slot] is not None:
+        length += _shape(inputs, past_slot, "past key")[past_axis]
+    return length
+
+
+def _contrib_attention(inputs, outputs, attributes) -> int:
+    """com.microsoft.Attention: the Q/K/V projection (X by its weights), then scores and weighted values."""
+    x, w, y = _shape(inputs, 0, "input"), _shape(inputs, 1, "weights"), _out(outputs)
+    if len(x) != 3 or len(w) != 2:
+        raise Unknown("its input or weights", f"of ranks {len(x)} and {len(w)}")
+    sizes = list(attributes.get("qkv_hidden_sizes") or [])
+    q_hidden = sizes[0] if sizes else w[1] // 3
+    present = outputs[1] if len(outputs) > 1 else None
+    if _known(present) and len(present) == 5:
+        keys = present[3]
+    else:
+        keys = x[1]
+        if len(inputs) > 4 and inputs[4] is not None:
+            keys += _shape(inputs, 4, "past")[3]
+    return math.prod(x) * w[1] + x[0] * x[1] * keys * q_hidden + math.prod(y) * keys
+
+
+def _multi_head_attention(inputs, outputs, attributes, grouped: bool = False) -> int:
+    """com.microsoft.MultiHeadAttention / GroupQueryAttention (projected Q, K, V): one MAC per query element
+    per key for the scores, one per output element per key for the weighted sum (query size = output size
+    per head, as these ops require)."""
+    out = _out(outputs)
+    if grouped:  # GroupQueryAttention: present_key [B, kv_heads, T, H]; past_key input 3
+        keys = _kv_length(inputs, outputs, 1, 2, 1, 1, 3, 2)
+    else:  # MultiHeadAttention: present_key [B, heads, T, H]; past_key input 6
+        keys = _kv_length(inputs, outputs, 1, 2, 1, 1, 6, 2)
+    return 2 * math.prod(out) * keys
+
+
 Counter = Callable[[Sequence, Sequence, Mapping], int]
 
 #: Standard ops that do counted MACs; QLinear* forms keep the weight (or B) after the scale and zero point
@@ -193,6 +235,9 @@ CONTRIB_COUNTERS: dict[tuple[str, str], Counter] = {
         "FusedMatMul", "TransposeMatMul", "MatMulInteger16", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
         "MatMulNBits", "MatMulBnb4", "MatMulFpQ4")},
     ("com.microsoft.nchwc", "Conv"): _nchwc_conv,
+    ("com.microsoft", "Attention"): _contrib_attention,
+    ("com.microsoft", "MultiHeadAttention"): _multi_head_attention,
+    ("com.microsoft", "GroupQueryAttention"): lambda i, o, a: _multi_head_attention(i, o, a, grouped=True),
 }
 #: Contrib ops that do no counted MACs (elementwise, normalization, quantization, data movement, pooling).
 CONTRIB_ZERO = frozenset({("com.microsoft", op) for op in (
@@ -256,7 +301,7 @@ def count_macs(op_type: str, domain: str, input_shapes: Sequence[Shape | None],
         if domain in CONTRIB_DOMAINS and function is None:
             return None, f"{kind} (an onnxruntime contrib op) may do MACs that mirserve has no rule to count"
         if function is not None:
-            return _body_macs(function, input_shapes, attributes, input_types, opset), None
+            return _body_macs(function, input_shapes, attributes, input_types, opset, functions), None
     except Unknown as error:
         what, value = error.args
         return None, f"{kind}: {what} is {value}"
@@ -314,24 +359,26 @@ def _build_function(op_type: str, opset: int) -> FunctionProto | None:
         return None
 
 
-def _body_macs(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset) -> int:
-    if not _may_do_macs(function):
+def _body_macs(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset,
+               functions: Mapping[tuple[str, str], FunctionProto] | None = None) -> int:
+    if not _may_do_macs(function, functions or {}, opset):
         return 0
-    key = (function.domain, function.name, function.SerializeToString(),
+    nested = _with_nested(function, opset, functions or {})
+    key = (b"".join(f.SerializeToString() for f in nested),
            tuple(None if s is None else tuple(s) for s in input_shapes),
            tuple(input_types or ()), _frozen(attributes), opset)
-    return _cached_body_macs(key, function, input_shapes, attributes, input_types, opset)
+    return _cached_body_macs(key, nested, input_shapes, attributes, input_types, opset)
 
 
 _BODY_CACHE: dict[tuple, int | Unknown] = {}
 
 
-def _cached_body_macs(key, function, input_shapes, attributes, input_types, opset) -> int:
+def _cached_body_macs(key, nested, input_shapes, attributes, input_types, opset) -> int:
     if key not in _BODY_CACHE:
         if len(_BODY_CACHE) > 4096:
             _BODY_CACHE.clear()
         try:
-            _BODY_CACHE[key] = _infer_body(function, input_shapes, attributes, input_types, opset)
+            _BODY_CACHE[key] = _infer_body(nested, input_shapes, attributes, input_types, opset)
         except Unknown as error:
             _BODY_CACHE[key] = error
     result = _BODY_CACHE[key]
@@ -340,15 +387,25 @@ def _cached_body_macs(key, function, input_shapes, attributes, input_types, opse
     return result
 
 
-def _may_do_macs(function: FunctionProto) -> bool:
-    """Whether any node of the body (nested functions of the mirserve domain included) may count MACs."""
+def _resolve(domain: str, op_type: str, opset: int | None,
+             functions: Mapping[tuple[str, str], FunctionProto]) -> FunctionProto | None:
+    """The function that defines a call: the model's own first, then the mirserve op of that name."""
+    if (domain, op_type) in functions:
+        return functions[(domain, op_type)]
+    return _mirserve_function(op_type, opset or _DEFAULT_OPSET) if domain == MIRSERVE else None
+
+
+def _may_do_macs(function: FunctionProto, functions: Mapping[tuple[str, str], FunctionProto],
+                 opset: int | None, seen: frozenset = frozenset()) -> bool:
+    """Whether any node of the body (nested function calls included) may count MACs."""
+    seen = seen | {(function.domain, function.name)}
     for node in function.node:
         if node.domain in ("", "ai.onnx") and (node.op_type in STANDARD_COUNTERS
                                               or node.op_type in UNCOUNTED_STANDARD):
             return True
         if node.domain not in STANDARD_DOMAINS:
-            inner = _mirserve_function(node.op_type, _DEFAULT_OPSET) if node.domain == MIRSERVE else None
-            if inner is None or _may_do_macs(inner):
+            inner = _resolve(node.domain, node.op_type, opset, functions)
+            if inner is None or (node.domain, node.op_type) in seen or _may_do_macs(inner, functions, opset, seen):
                 return True
     return False
 
@@ -363,8 +420,10 @@ def _frozen(attributes: Mapping) -> tuple:
     return tuple(sorted((name, freeze(value)) for name, value in attributes.items()))
 
 
-def _infer_body(function: FunctionProto, input_shapes, attributes: Mapping, input_types, opset) -> int:
-    """Inline the function for this call, infer the shapes inside, and count the nodes of the body."""
+def _infer_body(nested: list[FunctionProto], input_shapes, attributes: Mapping, input_types, opset) -> int:
+    """Inline the function (``nested[0]``, with the functions it calls) for this call, infer the shapes
+    inside, and count the nodes of the body."""
+    function = nested[0]
     formals = list(function.input)
     for slot, shape in enumerate(input_shapes[:len(formals)]):
         if shape is not None and not _known(shape):
@@ -387,9 +446,12 @@ def _infer_body(function: FunctionProto, input_shapes, attributes: Mapping, inpu
                                                              for o in outputs])
     imports = {o.domain: o.version for o in function.opset_import}
     imports[""] = max(imports.get("", 0), version)
-    imports.setdefault(function.domain, 1)
+    for each in nested:
+        for o in each.opset_import:
+            imports.setdefault(o.domain, o.version)
+        imports.setdefault(each.domain, 1)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in imports.items()],
-                              functions=_with_nested(function, version))
+                              functions=nested)
     try:
         inlined = inliner.inline_local_functions(model)
         model = shape_inference.infer_shapes(inlined)
@@ -424,15 +486,17 @@ def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _with_nested(function: FunctionProto, opset: int) -> list[FunctionProto]:
-    """The function and the mirserve functions its body calls, so the inliner can expand them all."""
+def _with_nested(function: FunctionProto, opset: int | None,
+                 functions: Mapping[tuple[str, str], FunctionProto]) -> list[FunctionProto]:
+    """The function and every function its body calls (the model's own, mirserve ops), the function first, so
+    the inliner can expand them all."""
     found, queue = {(function.domain, function.name): function}, [function]
     while queue:
         for node in queue.pop().node:
-            if node.domain == MIRSERVE and (MIRSERVE, node.op_type) not in found:
-                inner = _mirserve_function(node.op_type, opset)
+            key = (node.domain, node.op_type)
+            if node.domain not in STANDARD_DOMAINS and key not in found:
+                inner = _resolve(node.domain, node.op_type, opset, functions)
                 if inner is not None:
-                    found[(MIRSERVE, node.op_type)] = inner
+                    found[key] = inner
                     queue.append(inner)
     return list(found.values())
-

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import all_models, model_id, shapes_for
+from tests.conftest import all_models, corpus_models, model_id, shapes_for
 from tests.engine.memory.plan_checker import check_memory_report
 from worker.engine.ir import load_model
 from worker.engine.options import OptimizeOptions
@@ -84,3 +84,12 @@ def test_macs_are_the_same_on_an_nhwc_fp16_place_as_on_x86(path):
     if any(n.op_type.startswith(("NhwcConv", "NhwcFusedConv")) for n in nhwc):  # the case the figures missed
         counted = {n["node"] for n in arm["nodes"]}
         assert all(n.name in counted for n in nhwc if "Conv" in n.op_type)
+
+
+@pytest.mark.parametrize("places", ["npu/int8/nchw,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw"])
+@pytest.mark.parametrize("path", corpus_models(), ids=model_id)
+def test_macs_are_the_same_on_the_other_done_when_places(path, places):
+    """Quantized forms (QLinearConv on the int8 place) and fused ops count what the float graph does."""
+    x86, other = memory_of(path)["macs"], memory_of(path, places=places)["macs"]
+    assert other["unknown"] == [] and x86["total"] > 0
+    assert other["total"] == pytest.approx(x86["total"], rel=0.01)

@@ -56,6 +56,7 @@ def test_check_support_only_runs_up_to_kernel_pick_reports_and_writes_nothing(tm
     assert report["model"]["output"] is None and list(tmp_path.iterdir()) == [source]
 
 
+@pytest.mark.models
 def test_check_support_judges_the_graph_after_the_rewrites():
     """PP-OCRv4 det on arm/fp16/nhwc alone: BatchNormalization has no kernel there but conv_bn_fuse folds it,
     so it is not what fails; Resize has no place, and says why. The fusions into mirserve ops make none
@@ -88,6 +89,7 @@ def test_check_support_judges_the_graph_after_the_rewrites():
     assert hosted == []  # every op on ARM: the fused ops that used to fall back now run there (issue 12)
 
 
+@pytest.mark.models
 def test_cli_check_support(tmp_path, capsys):
     source = model_with_unknown_ops(tmp_path / "m.onnx")
     assert main(["optimize", str(source), "--check-support"]) == 2
@@ -111,6 +113,7 @@ def test_cli_needs_an_output_except_for_check_support(tmp_path, capsys):
     assert "required: -o/--output (only --check-support writes nothing)" in capsys.readouterr().err
 
 
+@pytest.mark.models
 def test_cli_check_support_json_has_the_support_section(tmp_path, capsys):
     good = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
     assert main(["optimize", str(good), "--check-support", "--json", "--places", "npu/int8/nchw",
@@ -137,10 +140,12 @@ def test_no_host_fallback_drops_the_host_places(tmp_path):
                  "--no-host-fallback"]) == 1
 
 
+@pytest.mark.models
 def test_every_corpus_op_is_supported_on_the_done_when_places(tmp_path):
     from tests.conftest import CORPUS_SHAPES
     for name in CORPUS_SHAPES:
-        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "x86/fp32/nchw"):
+        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "npu/int8/nchw,arm/fp32/nchw",
+                       "x86/fp32/nchw"):
             report = optimize(CORPUS / name, tmp_path / name,
                               OptimizeOptions(places=places, check_support_only=True,
                                               input_shapes=CORPUS_SHAPES[name]))
@@ -181,3 +186,13 @@ def test_targets_listings_one_target_all_ops_and_one_op(capsys):
     assert "unknown target 'vulkan': the targets are host, x86" in capsys.readouterr().err
     assert main(["targets", "--op", "com.example.Nothing"]) == 0
     assert "no target has a kernel for com.example.Nothing" in capsys.readouterr().out
+
+
+def test_check_support_without_kernel_pick_checks_the_input_as_it_stands(tmp_path, capsys):
+    """At opt level 0 kernel pick does not run: the op types are checked before any rewrite, and said so."""
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    report = optimize(source, None, OptimizeOptions(check_support_only=True, opt_level=0))
+    assert report["support"]["stage"] == "before_rewrites" and report["support"]["supported"] is False
+    assert "static_kernel_pick" not in [t["pass"] for t in report["trace"] if not t.get("skipped")]
+    assert main(["optimize", str(source), "--check-support", "--opt-level", "0"]) == 2
+    assert "com.example.Frobnicate: frob_1, frob_2" in capsys.readouterr().out
