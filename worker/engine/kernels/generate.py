@@ -438,9 +438,11 @@ def _carried_constraints(constraints: dict | None, op: str) -> dict | None:
 
 
 def derived_fused_entries(target: str, kernels: list[dict], underived: set[str] = frozenset()) -> list[dict]:
-    """Kernels of the ``mirserve`` fused ops (Fused<Base><Activation>) that ``target`` runs because its table
-    runs every op of their body: one per kernel of the base op (Conv, Gemm, ...) in a float precision and a
-    layout where every other op of the body has a kernel too, with that base kernel's constraints.
+    """Kernels of the ``mirserve`` ops defined by a function body of float ops (Fused<Base><Activation> and the
+    transformer ops Gelu, GeluTanh, RMSNorm, ScaledDotProductAttention) that ``target`` runs because its table
+    runs every op of their body: one per kernel of the base op (the body's first: Conv, Gemm, MatMul, ...) in a
+    float precision and a layout where every other op of the body has a kernel too, with that base kernel's
+    constraints.
 
     The table says otherwise in two ways: an explicit entry for (op, precision, layout) in the target's source
     stands and nothing is derived for that slot, and ``underived`` (the source's ``underived`` list) names
@@ -450,7 +452,7 @@ def derived_fused_entries(target: str, kernels: list[dict], underived: set[str] 
 
     declared = {(k["op"], k["precision"], k["layout"]) for k in kernels if k["domain"] == OWN}
     rows = []
-    for op in fused_op_names():
+    for op in [*fused_op_names(), *TRANSFORMER_OPS]:
         if op in underived:
             continue
         compute = body_compute_ops(op)

@@ -172,8 +172,12 @@ def place_outputs(node: Node, pick: Pick) -> None:
 # --- what a rewrite may not lose: the best place a node can get ---------------------------------------
 def place_score(scored: "Scored", places) -> float:
     """The place part of Paddle-Lite's grade: the best weighted (target, precision, layout) match of the
-    kernel over the valid places, leaving out the input-compatibility terms (they follow picks not made yet)."""
+    kernel over the valid places, leaving out the input-compatibility terms (they follow picks not made yet).
+    The kernel of an op with no NHWC form reads plain tensors in any layout (as ``first_place`` has it), so
+    its layout always matches: a MatMul chain is no worse off in an NHWC place than its elementwise ops."""
     kernel = scored.kernel
+    if nhwc_slots(kernel.op, kernel.domain) is None and kernel.layout is not Layout.ANY:
+        kernel = replace(kernel, layout=Layout.ANY)
     return max(place_match(kernel, place) * places.weight(place) for place in places)
 
 
