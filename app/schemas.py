@@ -51,7 +51,8 @@ class HostFallback(BaseModel):
     examples: list[str] = Field(description="a few of the nodes")
     reason: str = Field(description="why no place the user listed runs them")
     kind: str | None = Field(None, description="the kind of reason: no kernel, precision, layout, constraints, "
-                                               "rewrite (an op a rewrite made), pick (a listed place applied)")
+                                               "rewrite (an op a rewrite made), plan (a listed place applied, the placement "
+                                               "plan chose the host), pick (a listed place applied)")
     user_place_possible: int | None = Field(None, description="how many of the nodes a place the user listed "
                                                               "could have run (each is also a warning)")
 
@@ -66,6 +67,20 @@ class MemorySpace(BaseModel):
     no_reuse_bytes: int | None = None
     peak_step: int | None = None
     peak_node: str | None = None
+
+
+class CastFigures(BaseModel):
+    count: int | None = None
+    bytes: int | None = Field(None, description="bytes the casts write")
+
+
+class PlacementCost(BaseModel):
+    cost: float | None = Field(None, description="the kernel pick's plan: compute and casts, in the cost model's units")
+    greedy_cost: float | None = Field(None, description="Paddle-Lite's greedy per-node pick on the same graph")
+    lower_bound: float | None = Field(None, description="every node on its cheapest kernel, no cast: no plan does better")
+    method: str | None = Field(None, description="exact (chains and trees) or local search from the greedy pick")
+    casts: CastFigures | None = None
+    greedy_casts: CastFigures | None = None
 
 
 class JobSummary(BaseModel):
@@ -96,6 +111,7 @@ class JobSummary(BaseModel):
     host_fallbacks: list[HostFallback] | None = Field(None, description="nodes on a host place the user did not "
                                                       "list, by op, with the reason")
     memory_spaces: list[MemorySpace] | None = None
+    placement: PlacementCost | None = Field(None, description="the cost of the kernel pick against the greedy pick")
     warnings: list[str] | None = Field(None, description="what the run went on despite: a pass that failed and "
                                                          "was undone (the trace has the details), a plugin that "
                                                          "failed to load, a skipped verification")

@@ -133,3 +133,11 @@ def delayed(model_path, output_path, options, progress):
     progress(0, 1, "delay")
     time.sleep(float(os.environ.get("MIRSERVE_TEST_ENGINE_DELAY", "0")))
     return scripted(model_path, output_path, options, progress)
+
+
+def main_module(model_path, output_path, options, progress, external_data_dir=None):
+    """``scripted``, and the file of the main module this process has (``multiprocessing`` names the parent's
+    ``__main__`` ``__mp_main__`` when it imports it again; the fork server's own has no file)."""
+    report = scripted(model_path, output_path, options, progress)
+    report["main_file"] = getattr(sys.modules.get("__mp_main__"), "__file__", None)
+    return report

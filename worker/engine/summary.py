@@ -66,7 +66,18 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "verification": _verification(report.get("verification")),
         "warnings": _warnings(report, fallbacks),
         "cut": report.get("cut"),
+        "placement": _placement(report.get("placement")),
     }
+
+
+def _placement(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The kernel pick's plan against Paddle-Lite's greedy pick: cost units and casts (count, bytes)."""
+    if not plan:
+        return None
+    return {"cost": plan.get("cost"), "greedy_cost": plan.get("greedy_cost"), "lower_bound": plan.get("lower_bound"),
+            "method": plan.get("method"),
+            "casts": {k: (plan.get("casts") or {}).get(k) for k in ("count", "bytes")},
+            "greedy_casts": {k: (plan.get("greedy_casts") or {}).get(k) for k in ("count", "bytes")}}
 
 
 #: How many distinct reasons for unknown MACs the summary quotes.
@@ -203,7 +214,13 @@ def _verification(verification: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _warnings(report: Mapping[str, Any], fallbacks: Iterable[Mapping[str, Any]] = ()) -> list[str]:
     warnings = [str(w.get("message", w)) if isinstance(w, Mapping) else str(w) for w in report.get("warnings") or []]
-    avoidable = [f for f in fallbacks if f.get("user_place_possible")]
+    planned = [f for f in fallbacks if f.get("kind") == "plan"]
+    if planned:
+        count = sum(int(f["nodes"]) for f in planned)
+        what = "; ".join(f"{f['op']} ({', '.join(f['examples'][:2])})" for f in planned[:5])
+        warnings.append(f"{count} node(s) on host by the placement plan although a place you listed could run "
+                        f"them (the casts there cost more): {what}")
+    avoidable = [f for f in fallbacks if f.get("user_place_possible") and f.get("kind") != "plan"]
     if avoidable:
         count = sum(int(f["user_place_possible"]) for f in avoidable)
         what = "; ".join(f"{f['op']} ({f['kind']}: {', '.join(f['examples'][:2])})" for f in avoidable[:5])
@@ -343,6 +360,12 @@ def _figures_table(summary: Mapping[str, Any]):
         casts, sizes = summary.get("casts") or {}, summary.get("cast_bytes") or {}
         rows.append(["casts", ", ".join(f"{kind} {count}" + (f" ({_bytes(sizes[kind])})" if count and sizes.get(kind)
                                                              else "") for kind, count in casts.items()) or "none"])
+    plan = summary.get("placement")
+    if plan:
+        rows.append(["placement cost", f"{plan['cost']:,.0f} (greedy pick {plan['greedy_cost']:,.0f}, lower bound "
+                                       f"{plan['lower_bound']:,.0f}); casts {plan['casts']['count']}, "
+                                       f"{_bytes(plan['casts']['bytes'])} (greedy pick "
+                                       f"{plan['greedy_casts']['count']}, {_bytes(plan['greedy_casts']['bytes'])})"])
     if summary.get("macs") is not None:
         rows.append(["MACs", f"{summary['macs']:,}"])
     elif summary.get("macs_unknown_nodes"):

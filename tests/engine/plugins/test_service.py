@@ -75,7 +75,9 @@ def test_a_job_on_the_plugins_target_runs_the_fused_op_there(server):
     job = server.wait_for(response.json()["id"])
     assert job["status"] == "succeeded", job["error"]
     nodes = server.client.get(job["links"]["report"]).json()["kernels"]["nodes"]
-    assert {n["place"] for n in nodes if n["op"] == "mirserve.SkipLayerNormalization"} == {"acme/fp16/nchw"}
+    places = Counter(n["place"] for n in nodes if n["op"] == "mirserve.SkipLayerNormalization")
+    # the last site's result leaves the graph: copying it back costs more than the NPU saves (the plan)
+    assert places == {"acme/fp16/nchw": residual_norm_sites(BERT) - 1, "x86/fp32/nchw": 1}
 
 
 def test_a_job_asking_for_the_broken_plugins_pipeline_fails_with_its_error(server):

@@ -16,8 +16,11 @@ CLEANUP = ["fuse_consecutive_transposes", "eliminate_nop_transpose"]
 B, H, KV, S, D = 2, 4, 2, 5, 8
 
 
-def attention_model(*, scale="mul", masks=1, opset=23, c=0.35355, gqa=False, softmax_axis=-1, k_perm="0, 1, 3, 2"):
-    """q (B, H, S, D), k (B, H|KV, S, D) (or (B, S, H, D) for k_perm "0, 2, 3, 1"), v, mask (B, 1, S, S)."""
+def attention_model(*, scale="mul", masks=1, opset=23, c=0.35355, gqa=False, softmax_axis=-1, k_perm="0, 1, 3, 2",
+                    symbolic=False):
+    """q (B, H, S, D), k (B, H|KV, S, D) (or (B, S, H, D) for k_perm "0, 2, 3, 1"), v, mask (B, 1, S, S);
+    ``symbolic``: batch and sequence are the dims "batch" and "seq"."""
+    B, S = ("batch", "seq") if symbolic else (globals()["B"], globals()["S"])
     heads = KV if gqa else H
     k_shape = f"{B}, {S}, {heads}, {D}" if k_perm == "0, 2, 3, 1" else f"{B}, {heads}, {S}, {D}"
     inputs = [f"float[{B}, {H}, {S}, {D}] q", f"float[{k_shape}] k", f"float[{B}, {heads}, {S}, {D}] v"]
@@ -41,8 +44,13 @@ def attention_model(*, scale="mul", masks=1, opset=23, c=0.35355, gqa=False, sof
     text = (f'<ir_version: 10, opset_import: ["" : {opset}]> g ({", ".join(inputs)}) => (float[{B}, {H}, {S}, {D}] y)'
             " {\n" + "\n".join(lines) + "\n}")
     model = parser.parse_model(text)
-    inits = {"c": np.array(c, np.float32), "two": np.array([2], np.int64),
-             "eshape": np.array([B, KV, H // KV, S, D], np.int64), "rshape": np.array([B, H, S, D], np.int64)}
+    inits = {"c": np.array(c, np.float32)}
+    if gqa and symbolic:  # the shapes a dynamic-axes export writes
+        inits.update({"two": np.array([2], np.int64), "eshape": np.array([1, 1, H // KV, 1, 1], np.int64),
+                      "rshape": np.array([0, H, -1, D], np.int64)})
+    elif gqa:
+        inits.update({"two": np.array([2], np.int64), "eshape": np.array([B, KV, H // KV, S, D], np.int64),
+                      "rshape": np.array([B, H, S, D], np.int64)})
     used = {name for node in model.graph.node for name in node.input}
     model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items() if k in used)
     onnx.checker.check_model(model, full_check=True)
@@ -101,3 +109,34 @@ def test_no_kernel_in_any_valid_place_is_refused(tmp_path):
     out = optimize(tmp_path, attention_model(), [PASS], places="npu/fp32/nchw", host_fallback=False)
     assert "Attention" not in out.ops
     assert out.refused("no valid place (npu) has a Attention kernel at opset 23")
+
+
+def test_symbolic_batch_and_sequence(tmp_path):
+    out = optimize(tmp_path, attention_model(symbolic=True), [PASS, *CLEANUP])
+    assert out.ops == ["Attention"]
+
+
+def test_half_precision_softmax_in_float_sets_softmax_precision(tmp_path):
+    """fp16 scores cast to float for the Softmax and back (make_llama's form): softmax_precision=1."""
+    text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float16[{B}, {H}, {S}, {D}] q, float16[{B}, {H}, {D}, {S}] kt, '
+            f'float16[{B}, {H}, {S}, {D}] v) => (float16[{B}, {H}, {S}, {D}] y) {{\n'
+            "s = MatMul (q, kt)\nu = Cast <to = 1> (s)\np = Softmax <axis = -1> (u)\nd = Cast <to = 10> (p)\n"
+            "y = MatMul (d, v)\n}")
+    out = optimize(tmp_path, parser.parse_model(text), [PASS], check=False)
+    assert sorted(out.ops) == ["Attention", "Transpose"]
+    assert out.node("Attention").attr("softmax_precision") == 1 and out.node("Attention").attr("scale") == 1.0
+
+
+def test_casts_that_do_not_go_back_are_refused(tmp_path):
+    text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float16[{B}, {H}, {S}, {D}] q, float16[{B}, {H}, {D}, {S}] kt, '
+            f'float[{B}, {H}, {S}, {D}] v) => (float[{B}, {H}, {S}, {D}] y) {{\n'
+            "s = MatMul (q, kt)\nu = Cast <to = 1> (s)\np = Softmax <axis = -1> (u)\nd = Cast <to = 1> (p)\n"
+            "y = MatMul (d, v)\n}")
+    out = optimize(tmp_path, parser.parse_model(text), [PASS], check=False)
+    assert "Attention" not in out.ops and out.refused("to float and back")
+
+
+def test_grouped_query_attention_with_symbolic_batch_and_sequence(tmp_path):
+    out = optimize(tmp_path, attention_model(gqa=True, symbolic=True), [PASS, *CLEANUP, PASS])
+    assert out.ops == ["Attention"]
+    assert [v.name for v in out.node("Attention").inputs[:3]] == ["q", "k", "v"]

@@ -119,3 +119,45 @@ def test_no_kernel_in_any_valid_place_is_refused(tmp_path):
     out = optimize(tmp_path, rotary_model(), [PASS], places="npu/fp32/nchw", host_fallback=False)
     assert "RotaryEmbedding" not in out.ops
     assert out.refused("no valid place (npu) has a RotaryEmbedding kernel at opset 23")
+
+
+def interleaved_model(*, cos=None, sin=None, odd_start=1):
+    """x (B, H, S, D) -> x * cos + rotate_every_two(x) * sin (GPT-J), cos repeating each value twice."""
+    body = f"""
+        a = Slice (x, zero, big, last, two)
+        b = Slice (x, start_odd, big, last, two)
+        nb = Neg (b)
+        un = Unsqueeze (nb, last)
+        ua = Unsqueeze (a, last)
+        c = Concat <axis = -1> (un, ua)
+        r = Reshape (c, shape)
+        xc = Mul (x, cos)
+        rs = Mul (r, sin)
+        y = Add (xc, rs)"""
+    model = parser.parse_model(f'<ir_version: 10, opset_import: ["" : 23]> '
+                               f'g (float[{B}, {H}, {S}, {D}] x) => (float[{B}, {H}, {S}, {D}] y) {{{body}\n}}')
+    angles = np.random.default_rng(1).uniform(0, 6, (1, 1, S, D // 2)).astype(np.float32).repeat(2, axis=-1)
+    inits = {"zero": np.array([0], np.int64), "start_odd": np.array([odd_start], np.int64),
+             "big": np.array([1 << 30], np.int64), "last": np.array([-1], np.int64), "two": np.array([2], np.int64),
+             "shape": np.array([B, H, S, D], np.int64),
+             "cos": np.cos(angles) if cos is None else cos, "sin": np.sin(angles) if sin is None else sin}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_interleaved_form_becomes_rotary_embedding_interleaved(tmp_path):
+    out = optimize(tmp_path, interleaved_model(), [PASS])
+    assert out.ops == ["RotaryEmbedding"] and out.node("RotaryEmbedding").attr("interleaved") == 1
+
+
+def test_interleaved_cos_not_repeated_in_pairs_is_refused(tmp_path):
+    cos, sin = factors()  # halves repeated, not neighbours
+    out = optimize(tmp_path, interleaved_model(cos=cos, sin=sin), [PASS])
+    assert "RotaryEmbedding" not in out.ops
+    assert out.refused("with each value repeated in its odd neighbour")
+
+
+def test_interleaved_slices_not_even_and_odd_are_refused(tmp_path):
+    out = optimize(tmp_path, interleaved_model(odd_start=0), [PASS], check=False, valid=False)
+    assert "RotaryEmbedding" not in out.ops and out.refused("do not take the even and odd head dims")

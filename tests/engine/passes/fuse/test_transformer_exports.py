@@ -4,6 +4,7 @@ committed in tests/engine/data/transformers). Raised to opset 23 and run at --po
 decomposed forms the fusions target, and every output agrees with the export's on onnxruntime."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -78,3 +79,30 @@ def test_default_run_at_opset_17_fuses_into_domain_ops_with_bodies(tmp_path, mod
     assert {op: ops[op] for op in DOMAIN_EXPECTED[model]} == DOMAIN_EXPECTED[model]
     assert set(DOMAIN_EXPECTED[model]) <= {f.name for f in saved.functions}
     assert "Softmax" not in {node.op_type for node in saved.graph.node}
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+def test_make_llama_fp16_gets_rotary_and_attention(tmp_path, static):
+    """bench/make_llama.py's Llama graph (fp16, Softmax in float between Casts, GQA 8/2 heads, dynamic batch and
+    sequence): every attention (with its repeat_kv) is fused at --portable --target-opset 23, and with the input
+    shape given every rotary too (its cos/sin are then constants); it verifies."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[4]
+    source = tmp_path / "llama.onnx"
+    subprocess.run([sys.executable, str(repo / "bench" / "make_llama.py"), str(source), "--layers", "2", "--hidden",
+                    "256", "--heads", "8", "--kv-heads", "2", "--intermediate", "688", "--vocab", "1000"],
+                   check=True, capture_output=True)
+    from worker.engine.api import run_cli
+
+    # The command line: external data is read only from a local model given there.
+    code = run_cli(["optimize", str(source), "-o", str(tmp_path / "out.onnx"), "--portable", "--target-opset", "23",
+                    *(["--input-shape", "input_ids=1,16"] if static else []), "--quiet",
+                    "--report", str(tmp_path / "report.json")])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0 and report["verification"]["passed"], report["verification"]
+    ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node)
+    assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4 if static else 0, 2), ops
+    assert not ops["Softmax"] and not ops["Expand"] and (not ops["Neg"]) == static

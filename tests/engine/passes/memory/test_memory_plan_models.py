@@ -93,3 +93,24 @@ def test_macs_are_the_same_on_the_other_done_when_places(path, places):
     x86, other = memory_of(path)["macs"], memory_of(path, places=places)["macs"]
     assert other["unknown"] == [] and x86["total"] > 0
     assert other["total"] == pytest.approx(x86["total"], rel=0.01)
+
+
+@pytest.mark.models
+def test_fused_attention_counts_what_its_matmuls_did():
+    """BERT at opset 23: attention_fuse makes standard Attention nodes; their count equals the Q K^T and
+    weights x V MatMuls they replace, so the total does not move."""
+    path = next(p for p in all_models() if p.stem == "bert_small_dyn")
+
+    def macs(disabled: tuple[str, ...]) -> dict:
+        model = load_model(path, target_opset=23)
+        options = OptimizeOptions(input_shapes={"input_ids": [2, 64], "attention_mask": [2, 64]},
+                                  disabled_passes=disabled, target_opset=23)
+        apply_input_shapes(model.graph, options.input_shapes)
+        ctx = PassContext(model, options, parse_places(options.places))
+        PassManager().run(ctx, get_pipeline("default").steps_for(options))
+        return ctx.report["memory"]["macs"]
+
+    fused, unfused = macs(()), macs(("attention_fuse",))
+    attention = [n for n in fused["nodes"] if n["op"] == "Attention"]
+    assert attention and fused["unknown"] == [] and unfused["unknown"] == []
+    assert fused["total"] == unfused["total"]

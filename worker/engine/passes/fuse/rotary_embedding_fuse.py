@@ -12,8 +12,9 @@ Slices into a Split). cos and sin must be constants (static-shape exports fold t
 do not vary along the heads, and repeat their first half in the second (cos = cat(freqs, freqs).cos(): the op
 takes each frequency once); the caches become (batch, seq, rot/2), so batch and seq must be static. Refused
 before opset 23 (``--target-opset 23`` raises it), where no valid place has a RotaryEmbedding kernel, and
-when any of the above does not hold, each with a sentence. The interleaved form (rotate-every-two) is not
-matched. Numeric effect: the op computes cos * x1 - sin * x2 and sin * x1 + cos * x2 in one kernel; the same
+when any of the above does not hold, each with a sentence. The interleaved form (GPT-J's rotate_every_two:
+even and odd elements by step-2 Slices, the negated odd ones and the even ones stacked on a new last axis and
+flattened back) becomes the op with interleaved=1, its cos and sin repeating each value in its odd neighbour. Numeric effect: the op computes cos * x1 - sin * x2 and sin * x1 + cos * x2 in one kernel; the same
 products and sums as the chain, so results agree to the last bits.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.operands import ints_input_or_attr
+from worker.engine.passes.support.operands import int_list, ints_input_or_attr, slice_arguments
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
@@ -47,9 +48,10 @@ def last_axis(node: Node, rank: int) -> bool:
     return axis is not None and axis % rank == rank - 1
 
 
-def cache(factor: np.ndarray, shape: tuple[int, ...], rot: int) -> np.ndarray | None:
+def cache(factor: np.ndarray, shape: tuple[int, ...], rot: int, interleaved: bool = False) -> np.ndarray | None:
     """The (batch, seq, rot/2) cache of a cos or sin factor that broadcasts to x's rotated part ``shape``
-    (batch, heads, seq, rot), is the same for every head and repeats its first half; else None."""
+    (batch, heads, seq, rot), is the same for every head and repeats its first half (``interleaved``: each
+    even element in the odd one after it); else None."""
     if factor.ndim > 4:
         return None
     factor = factor.reshape((1,) * (4 - factor.ndim) + factor.shape)
@@ -62,8 +64,11 @@ def cache(factor: np.ndarray, shape: tuple[int, ...], rot: int) -> np.ndarray | 
     if factor.shape[1] != 1 and not (factor == factor[:, :1]).all():
         return None
     half = rot // 2
-    first = factor[:, 0, :, :half]
-    if not np.array_equal(first, factor[:, 0, :, half:]):
+    if interleaved:
+        first, second = factor[:, 0, :, 0::2], factor[:, 0, :, 1::2]
+    else:
+        first, second = factor[:, 0, :, :half], factor[:, 0, :, half:]
+    if not np.array_equal(first, second):
         return None
     return np.ascontiguousarray(np.broadcast_to(first, (shape[0], shape[2], half)))
 
@@ -139,9 +144,86 @@ class RotateHalf(Rule):
                               before=last, attributes=attributes)
 
 
+def every_other(node: Node, start: int, dim: int, opset: int) -> bool:
+    """Whether the Slice ``node`` takes the elements start, start + 2, ... of the last of 4 axes (dim ``dim``)."""
+    arguments = slice_arguments(node, opset)
+    if isinstance(arguments, str):
+        return False
+    starts, ends, axes, steps = arguments
+    return len(starts) == 1 and starts[0] == start and ends[0] >= dim and (axes or [0])[0] % 4 == 3 \
+        and (steps or [1])[0] == 2
+
+
+class RotateEveryTwo(Rule):
+    """The interleaved form (GPT-J's rotate_every_two): pairs (x[2i], x[2i+1]) rotate together.
+
+        a = x[..., 0::2], b = x[..., 1::2]
+        y = x * cos + Reshape(Concat(Unsqueeze(-b, -1), Unsqueeze(a, -1), axis=-1), x.shape) * sin
+                                                 ->  RotaryEmbedding(x, cos_cache, sin_cache, interleaved=1)
+
+    cos and sin repeat each frequency in two neighbours (repeat_interleave); the caches take the even ones."""
+
+    name = "rotary_rotate_every_two"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        x = p.var("x")
+        even = p.Slice(x, None, None, None, None, key="even")
+        odd = p.Slice(x, None, None, None, None, key="odd")
+        pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
+                         p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
+        swapped = p.Reshape(pairs, None, key="flatten")
+        with_cos = p.Mul(x, p.var("cos"), key="mul_cos", commutative=True)
+        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
+        p.Add(with_cos, with_sin, key="add", commutative=True, out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple[int, np.ndarray, np.ndarray] | str:
+        refusal = standard_op_refusal(ctx, "RotaryEmbedding", 23)
+        if refusal:
+            return refusal
+        x, opset = match.value("x"), ctx.opset()
+        shape = x.shape
+        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or \
+                not all(isinstance(d, int) for d in shape) or shape[3] % 2:
+            return (f"the input {x.name!r} of the rotary chain at {describe(match.node('concat'))} is not a float "
+                    f"tensor of static shape (batch, heads, seq, head) with an even head size")
+        head = shape[3]
+        if not every_other(match.node("even"), 0, head, opset) or not every_other(match.node("odd"), 1, head, opset):
+            return (f"{describe(match.node('even'))} and {describe(match.node('odd'))} do not take the even and odd "
+                    f"head dims of {x.name!r}")
+        for key in ("unsqueeze_odd", "unsqueeze_even"):
+            node = match.node(key)
+            axes = int_list(node.input(1)) if len(node.inputs) > 1 else node.attr("axes")
+            if list(axes or []) not in ([-1], [4]):
+                return f"{describe(node)} does not add a last axis"
+        if match.node("concat").attr("axis", 0) % 5 != 4 or match.node("flatten").outputs[0].shape != shape:
+            return (f"{describe(match.node('concat'))} and {describe(match.node('flatten'))} do not interleave the "
+                    f"pairs back into {list(shape)}")
+        caches = []
+        for key in ("cos", "sin"):
+            factor = match.value(key).constant_value()
+            if factor is None:
+                return f"the {key} factor {match.value(key).name!r} is not a constant"
+            found = cache(factor, tuple(shape), head, interleaved=True)
+            if found is None:
+                return (f"the {key} factor {match.value(key).name!r} does not broadcast to {list(shape)} the same "
+                        f"for every head with each value repeated in its odd neighbour")
+            caches.append(found.astype(numpy_dtype(x.dtype)))
+        return head, caches[0], caches[1]
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, np.ndarray, np.ndarray]) -> Node:
+        _, cos, sin = plan
+        graph, anchor = match.graph, match.node("add")
+        inputs = [match.value("x"), graph.add_initializer(f"{anchor.name}_cos_cache", cos),
+                  graph.add_initializer(f"{anchor.name}_sin_cache", sin)]
+        return graph.add_node("RotaryEmbedding", inputs, outputs=[match.value("out")], name=anchor.name,
+                              before=anchor, attributes={"interleaved": 1})
+
+
 @register_pass(name="rotary_embedding_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
                description="turn rotary embedding written out as halves, Neg, Concat, Mul and Add into "
                            "RotaryEmbedding (opset 23+)")
 def rotary_embedding_fuse(ctx: PassContext) -> PassResult:
     # Partial first, so its Concat goes into the op rather than staying behind it.
-    return apply_rules(ctx, [RotateHalf(partial=True), RotateHalf(partial=False)])
+    return apply_rules(ctx, [RotateHalf(partial=True), RotateHalf(partial=False), RotateEveryTwo()])

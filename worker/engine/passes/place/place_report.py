@@ -4,8 +4,8 @@
                          "casts": [{node, cast, from, to, value, bytes}...], "counts": {...}}
 
 A node on a host place the user did not list carries ``fallback``: {kind, reason, user_place}: why no place
-the user listed runs it (kind ``no kernel``, ``precision``, ``layout``, ``constraints``, or ``pick`` when one
-would have applied) and whether a kernel of a user place applies to it as it stands (``user_place``). A cast's
+the user listed runs it (kind ``no kernel``, ``precision``, ``layout``, ``constraints``; ``plan`` when one
+applies but the placement plan chose the host for the casts it saves, ``pick`` when one applies otherwise) and whether a kernel of a user place applies to it as it stands (``user_place``). A cast's
 ``bytes`` are what it writes (None when its shape is not static).
     model metadata: mirserve.valid_places = "arm/fp16/nhwc,arm/fp32/nchw,host/fp16/nhwc,host/fp32/nchw"
                     mirserve.pipeline     = "default: type_inference,support_check,...,place_report,..."
@@ -55,9 +55,12 @@ def host_fallback(ctx: PassContext, node) -> dict | None:
     scored, refused = rank(at_opset, facts, user)
     if scored:
         best = scored[0].resolved
-        return {"kind": "pick", "user_place": True,
-                "reason": f"{best.kernel.id} applies ({best.kernel.target}/{best.precision.value}/"
-                          f"{best.layout.value}), but the kernel pick chose a host kernel"}
+        where = f"{best.kernel.id} applies ({best.kernel.target}/{best.precision.value}/{best.layout.value})"
+        by_choice = (ctx.report.get("placement") or {}).get("host_by_choice") or {}
+        if by_choice.get(f"{node.domain}.{node.op_type}" if node.domain else node.op_type):
+            return {"kind": "plan", "user_place": True,
+                    "reason": f"{where}, but the placement plan chose the host: the casts around it there cost more"}
+        return {"kind": "pick", "user_place": True, "reason": f"{where}, but the kernel pick chose a host kernel"}
     kinds = [_refusal_kind(kernel, reason, user) for kernel, reason in refused]
     for kind in ("layout", "precision", "constraints"):  # the nearest miss first
         if kind in kinds:

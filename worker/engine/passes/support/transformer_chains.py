@@ -111,6 +111,17 @@ class GeluChain(Rule):
                                     before=match.node("last"))
 
 
+def heads4(value) -> tuple | None:
+    """A 4-D shape whose dims are all known (symbolic batch and sequence allowed) and whose head count and
+    head size are static, or None."""
+    shape = value.shape
+    if shape is None or len(shape) != 4 or any(d is None or d == "" for d in shape):
+        return None
+    if not isinstance(shape[1], int) or not (isinstance(shape[2], int) or isinstance(shape[3], int)):
+        return None
+    return tuple(shape)
+
+
 def static4(value) -> tuple[int, int, int, int] | None:
     shape = value.shape
     if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
@@ -125,10 +136,10 @@ def broadcast(a: tuple, b: tuple) -> tuple:
 
 
 class ScaledDotProduct(Rule):
-    def __init__(self, scale: str, masks: int):
+    def __init__(self, scale: str, masks: int, float_softmax: bool = False):
         super().__init__()
-        self.scale, self.masks = scale, masks
-        self.name = f"attention_{scale}_{masks}_masks"
+        self.scale, self.masks, self.float_softmax = scale, masks, float_softmax
+        self.name = f"attention_{scale}_{masks}_masks{'_float_softmax' if float_softmax else ''}"
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
@@ -138,7 +149,10 @@ class ScaledDotProduct(Rule):
                           commutative=self.scale == "mul")
         for i in range(self.masks):
             scores = p.Add(scores, p.var(f"mask{i}"), key=f"add{i}", commutative=True)
-        weights = p.Softmax(scores, key="softmax")
+        if self.float_softmax:  # a half-precision model's softmax in float32: Cast up, Softmax, Cast back
+            weights = p.Cast(p.Softmax(p.Cast(scores, key="up", attrs={"to": 1}), key="softmax"), key="down")
+        else:
+            weights = p.Softmax(scores, key="softmax")
         p.MatMul(weights, p.var("v"), key="pv", out="out")
         return p
 
@@ -148,13 +162,19 @@ class ScaledDotProduct(Rule):
 
     def plan(self, ctx: PassContext, match: Match) -> float | str:
         qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
-        shapes = [static4(x) for x in (q, kt, v)]
+        shapes = [heads4(x) for x in (q, kt, v)]
         if None in shapes or q.dtype not in FLOAT_TYPES:
-            return f"the operands of {describe(qk)} and the values are not 4-D float tensors of static shape"
+            return (f"the operands of {describe(qk)} and the values are not 4-D float tensors of known shape with "
+                    f"static head counts and head sizes")
         (b, hq, s, d), (bk, hk, dk, skv), (bv, hv, sv, dv) = shapes
-        if not (b == bk == bv and d == dk and skv == sv and hk == hv and hk and hq % hk == 0):
+        # The head sizes and the key lengths agree wherever the chain runs (MatMul contracts them); the batch
+        # and the heads must be shown equal, since MatMul would broadcast a 1 and the op does not.
+        if not (b == bk == bv and hk == hv and hk and hq % hk == 0):
             return (f"{describe(qk)} does not read query {list(shapes[0])}, transposed keys {list(shapes[1])} and "
                     f"values {list(shapes[2])} of one batch with query heads a multiple of key-value heads")
+        if self.float_softmax and (q.dtype == 1 or match.node("down").attr("to") != q.dtype):
+            return (f"{describe(match.node('up'))} and {describe(match.node('down'))} do not take the scores of "
+                    f"{describe(qk)} to float and back")
         axis = match.node("softmax").attr("axis", -1)
         if axis % 4 != 3:
             return f"{describe(match.node('softmax'))} does not normalize over the keys (axis {axis})"
@@ -185,6 +205,7 @@ class ScaledDotProduct(Rule):
             inputs.append(total)
         elif self.masks == 1:
             inputs.append(match.value("mask0"))
+        precision = {"softmax_precision": 1} if self.float_softmax else {}
         created.append(graph.add_node("Attention", inputs, outputs=[match.value("out")], name=anchor.name,
-                                      before=anchor, attributes={"scale": float(scale)}))
+                                      before=anchor, attributes={"scale": float(scale), **precision}))
         return created
