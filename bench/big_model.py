@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MIRSERVE = REPO / ".venv" / "bin" / "mirserve"
+SECTION = "## Models larger than memory"
 
 
 def timed(command: list[str]) -> dict:
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--verify-seconds", default="3600")
     parser.add_argument("--no-verify-run", action="store_true", help="skip the run with verification")
     parser.add_argument("--keep", action="store_true", help="keep the outputs and the copy")
+    parser.add_argument("--markdown", help="write the table into this file's section")
     args = parser.parse_args()
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -96,14 +98,28 @@ def main() -> None:
                 (o.get("max_abs_diff") or 0 for o in verification.get("outputs", [])), default=None)
         _clean(out, args.keep)
     bound_mb = 2048 + largest // 2**20
-    print(f"model: {model} ({total / 1e9:.2f} GB with its data; largest tensor {largest / 2**20:.0f} MiB)")
-    print(f"{'step':<24} {'wall s':>8} {'x cp':>6} {'peak RSS MB':>12} {'RSS bound MB':>13}")
+    lines = [f"`{model.name}` from `bench/make_llama.py {args.make_args}`: {total / 1e9:.2f} GB with its external "
+             f"data, largest tensor {largest / 2**20:.0f} MiB; places `{args.places}`; measured by "
+             f"`python bench/big_model.py`, each step under `/usr/bin/time -v` after a `sync`.", "",
+             "| step | wall s | x cp | peak RSS MB | RSS goal MB (2 GB + largest tensor) | verification |",
+             "|---|---|---|---|---|---|"]
     for name, row in rows.items():
         ratio = row["seconds"] / rows["cp"]["seconds"] if rows["cp"]["seconds"] else float("nan")
         bound = "" if name == "cp" else str(bound_mb)
-        print(f"{name:<24} {row['seconds']:>8.1f} {ratio:>6.2f} {row['rss_mb']:>12} {bound:>13}"
-              + (f"  exit {row['code']}: {row.get('error')}" if row["code"] else ""))
+        check = row.get("verification")
+        verified = "" if not check else (f"passed={check.get('passed')} on {check.get('shapes')}, pieces of "
+                                         f"{check.get('pieces_of_mb')} MB, max abs diff {row.get('max_abs_diff')}, "
+                                         f"{check.get('seconds')} s")
+        failed = f" (exit {row['code']}: {row.get('error')})" if row["code"] else ""
+        lines.append(f"| {name}{failed} | {row['seconds']:.1f} | {ratio:.2f} | {row['rss_mb']} | {bound} | "
+                     f"{verified} |")
+    table = "\n".join(lines)
+    print(table)
     print(json.dumps(rows))
+    if args.markdown:
+        from bert_base_speed import write_section
+
+        write_section(Path(args.markdown), table, SECTION)
 
 
 def _largest_tensor(model: Path) -> int:
