@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--no-verify-run", action="store_true", help="skip the run with verification")
     parser.add_argument("--keep", action="store_true", help="keep the outputs and the copy")
     parser.add_argument("--markdown", help="write the table into this file's section")
+    parser.add_argument("--rows", help="the JSON line an earlier run printed: make the table from it, measure nothing")
     args = parser.parse_args()
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -76,6 +77,14 @@ def main() -> None:
                         *shlex.split(args.make_args)], check=True)
     total = model.stat().st_size + data.stat().st_size
     largest = _largest_tensor(model)
+    if args.rows:
+        rows = json.loads([line for line in Path(args.rows).read_text().splitlines() if line.startswith("{")][-1])
+    else:
+        rows = measure(args, directory, model, data)
+    report(args, model, total, largest, rows)
+
+
+def measure(args: argparse.Namespace, directory: Path, model: Path, data: Path) -> dict:
     rows = {}
     copy = directory / "copy"
     copy.mkdir(exist_ok=True)
@@ -97,8 +106,12 @@ def main() -> None:
             rows["optimize (verified)"]["max_abs_diff"] = max(
                 (o.get("max_abs_diff") or 0 for o in verification.get("outputs", [])), default=None)
         _clean(out, args.keep)
+    return rows
+
+
+def report(args: argparse.Namespace, model: Path, total: int, largest: int, rows: dict) -> None:
     bound_mb = 2048 + largest // 2**20
-    lines = [f"`{model.name}` from `bench/make_llama.py {args.make_args}`: {total / 1e9:.2f} GB with its external "
+    lines = [f"`{model.name}` from `bench/make_llama.py {args.make_args or '(7B-class defaults)'}`: {total / 1e9:.2f} GB with its external "
              f"data, largest tensor {largest / 2**20:.0f} MiB; places `{args.places}`; measured by "
              f"`python bench/big_model.py`, each step under `/usr/bin/time -v` after a `sync`.", "",
              "| step | wall s | x cp | peak RSS MB | RSS goal MB (2 GB + largest tensor) | verification |",
