@@ -59,7 +59,16 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "verification": _verification(report.get("verification")),
         "warnings": _warnings(report),
         "cut": report.get("cut"),
+        "precision_fallback": _precision_fallback(report.get("precision_fallback")),
     }
+
+
+def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The nodes auto mixed precision kept in fp32 (sorted names) and the verification runs it took, or None."""
+    if not section:
+        return None
+    return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
+            "seconds": section.get("seconds")}
 
 
 def _user_targets(report: Mapping[str, Any]) -> set[str]:
@@ -290,6 +299,10 @@ def _figures_table(summary: Mapping[str, Any]):
     for entry in summary.get("unplanned") or []:
         rows.append([f"not planned ({entry['space']})", entry["reason"]])
     rows.append(["verification", _verification_text(summary.get("verification") or {})])
+    fallback = summary.get("precision_fallback")
+    if fallback:
+        rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after fp16 failed verification "
+                                     f"({fallback['runs']} verification run(s)): {', '.join(fallback['nodes'])}"])
     if summary.get("seconds") is not None:
         rows.append(["seconds", f"{summary['seconds']:.2f}"])
     return _table("figures", [("figure", "left"), ("value", "left")], rows)

@@ -222,6 +222,8 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
     for node in ctx.graph:
         opset = node_opset(ctx.model.opset, node)
         ranked, reasons = candidates_for(ctx.kernels, node, opset, ctx.places, current, portable, fits, ranks)
+        if node.name in ctx.pinned_fp32:
+            ranked = _pinned(ranked, ctx, node, opset, current, portable, fits)
         if not ranked:
             entry = failures.setdefault(node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
                                         {"nodes": [], "reasons": reasons[:4]})
@@ -237,6 +239,17 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
         raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
     result.data["picked"] = len(result.details)
     return result
+
+
+def _pinned(ranked: list[Candidate], ctx: PassContext, node: Node, opset: int, current, portable: bool,
+            fits: dict) -> list[Candidate]:
+    """A pinned node's candidates that do not compute in fp16 (its fp16 inputs taken in fp32 when the kernels
+    follow their inputs' precision); its own candidates when it has no other (it cannot be pinned)."""
+    kept = [c for c in ranked if c.scored.resolved.precision is not Precision.FP16]
+    if not kept:
+        kept = _in_fp32(ctx.kernels, node, node_facts(node, opset, current), ctx.places, portable, fits)
+        kept.sort(key=Candidate.sort_key)
+    return kept or ranked
 
 
 def _no_kernel_message(failures: dict, places: ValidPlaces) -> str:

@@ -1,0 +1,144 @@
+"""Auto mixed precision: models that fail verification in fp16 come back verified with the fewest nodes in fp32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.conftest import make_model, save_proto, tensor, vinfo
+from tests.engine.passes.place.helpers import place_model
+from worker.engine.api import OptimizeOptions, optimize
+from worker.engine.cli import build_parser, options_from_args
+from worker.engine.errors import OptionsError, VerificationError
+from worker.engine.ir import load_model, save_model
+from worker.engine.numeric import FP16_ATOL, FP16_RTOL, verify
+from worker.engine.places import Precision
+
+PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
+RNG = np.random.default_rng(3)
+
+
+def softmax_over_large_logits():
+    """Logits near 30000, where fp16's step is 16: in fp16 every logit rounds to the same value. The Relu
+    before them is harmless in fp16."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w"], ["mm"], name="matmul"),
+             helper.make_node("Add", ["mm", "b"], ["logits"], name="bias"),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=-1, name="softmax")]
+    return make_model(nodes, [vinfo("x", shape=[2, 64])], [vinfo("y", shape=[2, 32])],
+                      [tensor("w", (RNG.standard_normal((64, 32)) * 0.5).astype(np.float32)),
+                       tensor("b", np.full(32, 30000.0, np.float32))], opset=13)
+
+
+def layernorm_with_large_variance():
+    """A LayerNorm written out (opset 13), over values of ~1e3: their squares overflow fp16 (65504)."""
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"], name="scale_up"),
+             helper.make_node("ReduceMean", ["xs"], ["mean"], axes=[-1], name="mean"),
+             helper.make_node("Sub", ["xs", "mean"], ["d"], name="sub"),
+             helper.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
+             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="var"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
+             helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+             helper.make_node("Div", ["d", "std"], ["n"], name="div"),
+             helper.make_node("Mul", ["n", "gamma"], ["ng"], name="mul_gamma"),
+             helper.make_node("Add", ["ng", "beta"], ["y"], name="add_beta")]
+    scalar = lambda name, v: tensor(name, np.array(v, np.float32))  # noqa: E731
+    return make_model(nodes, [vinfo("x", shape=[1, 16, 64])], [vinfo("y", shape=[1, 16, 64])],
+                      [scalar("scale", 3000.0), scalar("two", 2.0), scalar("eps", 1e-5),
+                       tensor("gamma", RNG.standard_normal(64).astype(np.float32)),
+                       tensor("beta", RNG.standard_normal(64).astype(np.float32))], opset=13)
+
+
+MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance}
+
+
+def verifies(tmp_path, source, pinned: set[str], name: str) -> bool:
+    """The model placed with ``pinned`` nodes in fp32 verifies against ``source`` at fp16's tolerances."""
+    ctx = _pinned(source, pinned)
+    out = tmp_path / f"{name}.onnx"
+    save_model(ctx.model, out)
+    try:
+        verify(str(source), str(out), rtol=FP16_RTOL, atol=FP16_ATOL)
+        return True
+    except VerificationError:
+        return False
+
+
+def _pinned(source, pinned):
+    from worker.engine.kernels import default_table
+    from worker.engine.passes import PassContext, PassManager, get_pipeline
+    from worker.engine.places import parse_places
+
+    options = OptimizeOptions(places=PLACES)
+    ctx = PassContext(load_model(source), options, parse_places(PLACES), kernels=default_table(),
+                      pinned_fp32=frozenset(pinned))
+    PassManager().run(ctx, get_pipeline("default").steps_for(options))
+    return ctx
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_fails_in_fp16_without_the_fallback(tmp_path, kind):
+    source = save_proto(MODELS[kind](), tmp_path / "in.onnx")
+    with pytest.raises(VerificationError, match="does not compute what the input computed"):
+        optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES, precision_fallback=False))
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_the_fallback_verifies_with_the_fewest_nodes_in_fp32(tmp_path, kind):
+    source = save_proto(MODELS[kind](), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    assert report["verification"]["passed"] is True
+    fallback = report["precision_fallback"]
+    assert "does not compute what the input computed" in fallback["failure"]
+    pinned = {n["node"] for n in fallback["nodes"]}
+    assert pinned and all(n["place"] == "arm/fp32/nchw" and n["why"] for n in fallback["nodes"])
+    assert fallback["runs"] == len(fallback["steps"]) and fallback["steps"][-1]["passed"] is not None
+    # the pinned nodes compute in fp32 in the written model; the rest of the model stays in fp16
+    written = load_model(tmp_path / "out.onnx")
+    places = {n.name: n.metadata.get("mirserve.place") for n in written.graph}
+    assert all(places[name] == "arm/fp32/nchw" for name in pinned)
+    assert any(str(p).startswith("arm/fp16") for p in places.values())
+    # fewest: with any one of them back in fp16 the model does not verify
+    for name in pinned:
+        assert not verifies(tmp_path, source, pinned - {name}, f"without-{name}"), name
+    # and the summary says so
+    assert report["summary"]["precision_fallback"]["nodes"] == sorted(pinned)
+
+
+def test_softmax_needs_its_logits_in_fp32_too(tmp_path):
+    """The Softmax alone in fp32 is not enough: its logits were already rounded by the fp16 Gemm before it."""
+    source = save_proto(softmax_over_large_logits(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    nodes = report["precision_fallback"]["nodes"]
+    assert nodes[0]["node"] == "softmax"  # the most error growth ranks first
+    assert {n["op"] for n in nodes} == {"Softmax", "Gemm"}
+
+
+def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
+    source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
+    free = {n.name: n.pick.place.precision for n in place_model(source, PLACES, verify_ir=False).graph}
+    assert free["add_eps"] is Precision.FP16 and free["sub"] is Precision.FP16
+    pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_eps", "sub"}).graph}
+    assert pinned["add_eps"] is Precision.FP32 and pinned["sub"] is Precision.FP32
+    assert pinned["div"] is Precision.FP16  # not pinned: as before
+
+
+def test_a_model_that_verifies_in_fp16_has_no_fallback(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    model = make_model(nodes, [vinfo("x", shape=[2, 8])], [vinfo("y", shape=[2, 4])],
+                       [tensor("w", (RNG.standard_normal((8, 4)) * 0.1).astype(np.float32))])
+    report = optimize(save_proto(model, tmp_path / "in.onnx"), tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    assert report["verification"]["passed"] is True and "precision_fallback" not in report
+
+
+def test_the_option_and_the_flag():
+    assert OptimizeOptions().precision_fallback is True
+    assert OptimizeOptions.from_dict({"precision_fallback": False}).precision_fallback is False
+    with pytest.raises(OptionsError, match="precision_fallback"):
+        OptimizeOptions.from_dict({"precision_fallback": "no"})
+    parser, _ = build_parser()
+    args = parser.parse_args(["optimize", "m.onnx", "-o", "o.onnx", "--no-precision-fallback"])
+    assert options_from_args(args).precision_fallback is False
+    args = parser.parse_args(["optimize", "m.onnx", "-o", "o.onnx"])
+    assert options_from_args(args).precision_fallback is True
