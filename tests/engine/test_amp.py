@@ -12,6 +12,7 @@ from worker.engine.cli import build_parser, options_from_args
 from worker.engine.errors import OptionsError, VerificationError
 from worker.engine.ir import load_model, save_model
 from worker.engine.numeric import FP16_ATOL, FP16_RTOL, verify
+from worker.engine.passes.place.type_layout_cast import picked_name
 from worker.engine.places import Precision
 
 PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
@@ -96,7 +97,7 @@ def test_the_fallback_verifies_with_the_fewest_nodes_in_fp32(tmp_path, kind):
     assert fallback["runs"] == len(fallback["steps"]) and fallback["steps"][-1]["passed"] is not None
     # the pinned nodes compute in fp32 in the written model; the rest of the model stays in fp16
     written = load_model(tmp_path / "out.onnx")
-    places = {n.name: n.metadata.get("mirserve.place") for n in written.graph}
+    places = {picked_name(n): n.metadata.get("mirserve.place") for n in written.graph}
     assert all(places[name] == "arm/fp32/nchw" for name in pinned)
     assert any(str(p).startswith("arm/fp16") for p in places.values())
     # fewest: with any one of them back in fp16 the model does not verify

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from worker.engine.ir import Graph, Node
+from worker.engine.passes.place.type_layout_cast import picked_name
 from worker.engine.passes.support.casts import is_cast
 from worker.engine.places import Precision
 
@@ -30,7 +31,7 @@ MAX_PRUNE = 12
 
 @dataclass
 class Ranked:
-    node: str
+    node: str  # its name when kernel pick ran, which pins it
     op: str
     growth: float  # error made here, in tolerances (outputs' error less the inputs')
     error: float  # the error of its outputs, in tolerances
@@ -82,7 +83,7 @@ def rank(graph: Graph, errors: dict[str, float]) -> list[Ranked]:
         error = max(measured, default=0.0)
         growth = 0.0 if given >= NOT_FINITE else max(error - given, 0.0)
         op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
-        ranked.append((not measured, -growth, -error, index, Ranked(node.name, op, growth, error)))
+        ranked.append((not measured, -growth, -error, index, Ranked(picked_name(node), op, growth, error)))
     ranked.sort(key=lambda item: item[:4])
     return [item[4] for item in ranked]
 

@@ -227,7 +227,9 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
                               if outcome.steps else "Auto mixed precision found nothing to try.")
         return section, None
     rebuilt = built["last"]
-    nodes = {n.name: n for n in rebuilt[0].graph}
+    from worker.engine.passes.place.type_layout_cast import picked_name
+
+    nodes = {picked_name(n): n for n in rebuilt[0].graph}
     for item in outcome.pinned:
         node = nodes.get(item.node)
         place = str(node.pick.place) if node is not None and getattr(node, "pick", None) is not None else None

@@ -182,25 +182,37 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
     return feeds
 
 
-def _stored_in_fp16(path: str):
-    """The model at ``path`` with every fp16 value its main graph passes between nodes stored in fp16, or the
-    path itself when it has none.
+def _stored_in_fp16(source):
+    """The model (a path or its bytes) with every fp16 value its main graph passes between nodes stored in fp16,
+    as bytes, or ``source`` itself when it has none.
 
     onnxruntime's CPU provider has no fp16 kernel for most ops: it runs them in fp32 between casts it
     inserts, and then drops each Cast(fp32 -> fp16) -> Cast(fp16 -> fp32) pair as redundant, even with graph
     optimizations off. An fp16 model then computes in fp32 from end to end, and verification would miss
-    what fp16 does to it (rounding, overflow to infinity). An Identity on each fp16 value (a real fp16 kernel)
-    keeps the casts apart, so each value is rounded to fp16 as a device computing in fp16 stores it.
+    what fp16 does to it (rounding, overflow to infinity); an input model with fp16 values, too. Two Identities
+    on each fp16 value (real fp16 kernels; a lone one between ops without fp16 kernels is itself run in fp32)
+    keep the casts apart, so each value is rounded to fp16 as a device computing in fp16 stores it. Both
+    models of a verification run so: for a model without fp16 values nothing changes.
     """
     import onnx
 
-    model = onnx.load(path)
+    model = onnx.load(source) if isinstance(source, str) else (
+        onnx.load_from_string(source) if isinstance(source, bytes) else source)
+    if not _names_fp16(model):
+        return source
     graph = model.graph
+    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    if any(name not in known for node in graph.node for name in node.output if name):
+        try:  # types of the values the model does not declare
+            model = onnx.shape_inference.infer_shapes(model)
+            graph = model.graph
+        except Exception:  # noqa: BLE001 - what it declares is used
+            pass
     fp16 = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
     consumed = {name for node in graph.node for name in node.input}
     if not fp16 & consumed:
-        return path
+        return source
     nodes = []
     for node in graph.node:
         nodes.append(node)
@@ -213,6 +225,20 @@ def _stored_in_fp16(path: str):
     del graph.node[:]
     graph.node.extend(nodes)
     return model.SerializeToString()
+
+
+def _names_fp16(model) -> bool:
+    """The model's main graph declares an fp16 value, holds an fp16 constant or casts to fp16."""
+    import onnx
+
+    half = onnx.TensorProto.FLOAT16
+    graph = model.graph
+    return (any(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == half
+                for v in (*graph.value_info, *graph.input, *graph.output))
+            or any(t.data_type == half for t in graph.initializer)
+            or any(a.name == "to" and a.i == half for n in graph.node if n.op_type == "Cast" for a in n.attribute)
+            or any(a.t.data_type == half for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.HasField("t")))
 
 
 def _session(path):
@@ -386,7 +412,8 @@ def _child_errors(request: dict) -> dict:
     import numpy as np
 
     try:
-        reference, candidate = _every_value_session(request["reference"]), _every_value_session(request["candidate"], True)
+        reference = _every_value_session(request["reference"], True)
+        candidate = _every_value_session(request["candidate"], True)
         feeds = _feeds(reference, request["shapes"], np.random.default_rng(request["seed"]))
         names = [o.name for o in reference.get_outputs()]
         expected = dict(zip(names, reference.run(names, feeds)))
@@ -452,7 +479,7 @@ def _child_verify(request: dict) -> dict:
     import numpy as np
 
     try:
-        reference = _session(request["reference"])
+        reference = _session(_stored_in_fp16(request["reference"]))
     except Exception as exc:
         return {"passed": None, "skipped": f"onnxruntime cannot run the input model: {runtime_message(exc)}",
                 "outputs": [], "runs": 0}

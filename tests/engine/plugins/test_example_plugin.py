@@ -150,7 +150,11 @@ def test_the_fused_op_runs_on_the_made_up_target_with_casts_around_it(example, t
     report, ops = optimize(tmp_path, "acme", "--places", "acme/fp16/nchw,x86/fp32/nchw")
     assert report["verification"]["passed"] is True and report["verification"]["rtol"] == 1e-2
     placed = Counter((n["op"], n["place"]) for n in report["kernels"]["nodes"] if n["place"].startswith("acme"))
-    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] == residual_norm_sites(BERT)
+    # verification stores every fp16 value in fp16, as the device would: auto mixed precision may keep a few
+    # in fp32 (named in the report), every other one runs on the made-up target
+    kept = {n["node"] for n in (report.get("precision_fallback") or {}).get("nodes", [])}
+    assert len(kept) <= 2
+    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] + len(kept) == residual_norm_sites(BERT)
     assert {op for op, _ in placed} == {"mirserve.SkipLayerNormalization", "mirserve.io_copy", "mirserve.calib"}
     casts = report["kernels"]["casts"]
     copies = {(c["from"].split("/")[0], c["to"].split("/")[0]) for c in casts if c["cast"] == "io_copy"}

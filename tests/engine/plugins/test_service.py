@@ -74,8 +74,13 @@ def test_a_job_on_the_plugins_target_runs_the_fused_op_there(server):
     assert response.status_code == 202, response.text
     job = server.wait_for(response.json()["id"])
     assert job["status"] == "succeeded", job["error"]
-    nodes = server.client.get(job["links"]["report"]).json()["kernels"]["nodes"]
-    assert {n["place"] for n in nodes if n["op"] == "mirserve.SkipLayerNormalization"} == {"acme/fp16/nchw"}
+    report = server.client.get(job["links"]["report"]).json()
+    nodes = report["kernels"]["nodes"]
+    # verified with fp16 values stored in fp16: auto mixed precision may keep a few in fp32, and says which
+    kept = {n["node"] for n in (report.get("precision_fallback") or {}).get("nodes", [])}
+    assert len(kept) <= 2
+    assert {n["place"] for n in nodes if n["op"] == "mirserve.SkipLayerNormalization" and n["node"] not in kept} \
+        == {"acme/fp16/nchw"}
 
 
 def test_a_job_asking_for_the_broken_plugins_pipeline_fails_with_its_error(server):
