@@ -79,7 +79,10 @@ class JobSummary(BaseModel):
     max_abs_diff: float | None = None
     arena_bytes: int | None = Field(None, description="planned activation memory, all memory spaces together")
     weights_bytes: int | None = None
-    macs: int | None = None
+    macs: int | None = Field(None, description="multiply-accumulates of one run; null when any node's count is "
+                                                "unknown (macs_unknown says why)")
+    macs_unknown: list[str] | None = Field(None, description="why MACs are unknown: the distinct reasons, each "
+                                                             "with a node it applies to")
     seconds: float | None = None
     op_types: list[OpTypeCount] | None = Field(None, description="top-level nodes per op type, before and after")
     nodes_per_place: dict[str, int] | None = None

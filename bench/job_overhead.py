@@ -52,7 +52,8 @@ def tiny_model() -> bytes:
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "bias"], ["y"])], "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [bias])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    # IR 10: onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 (IR 13 at most) cannot load
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
 
 
 def start(data_dir: Path, port: int, env_extra: dict[str, str], log_dir: Path) -> list[subprocess.Popen]:

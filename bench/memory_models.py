@@ -49,7 +49,11 @@ def main() -> None:
             bound = arena["lower_bound_bytes"]
             print(f"| {path.stem} | {arena['space']} | {mib(bound)} | {mib(arena['arena_bytes'])} "
                   f"| {arena['ratio']:.4f} | {mib(paddle)} | {paddle / bound:.3f} | {mib(arena['naive_bytes'])} "
-                  f"| {mib(weights)} | {memory['macs']['total'] / 1e9:.3f} | {seconds:.3f} |")
+                  f"| {mib(weights)} | {_gmacs(memory['macs']['total'])} | {seconds:.3f} |")
+
+
+def _gmacs(total: int | None) -> str:
+    return "unknown" if total is None else f"{total / 1e9:.3f}"
 
 
 if __name__ == "__main__":

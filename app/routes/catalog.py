@@ -1,7 +1,7 @@
 """``/passes`` and ``/targets``: what the engine can do, from the same registry and kernel tables as the CLI."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from app.problems import problem_responses
 from app.schemas import PassCatalog, TargetInfo
@@ -19,12 +19,15 @@ def list_passes():
 
 
 @router.get("/targets", response_model=list[TargetInfo], responses=problem_responses(422))
-def list_targets(kernels: bool = True):
+def list_targets(kernels: bool = True,
+                 op: str | None = Query(None, max_length=200, description=(
+                     "only the targets with a kernel for this op, and only those kernels (domain-qualified "
+                     "outside the default domain: Conv, mirserve.FusedConvRelu); none: an empty list"))):
     """Every target a place may name: its memory space, the source of its kernel table and (unless
     ``kernels=false``) its kernels: op, opset range, precision, layout."""
     from worker.engine.api import list_targets
 
-    targets = list_targets()
+    targets = list_targets(op=op)
     for target in targets:
         target["kernel_count"] = len(target.get("kernels") or [])
         if not kernels:

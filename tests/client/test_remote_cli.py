@@ -64,10 +64,21 @@ def test_submit_wait_gives_the_local_model_byte_for_byte_and_the_same_summary(re
     assert there.stdout.startswith("wrote out.onnx: ") and "verified on 1 run(s)" in there.stdout
 
 
+@pytest.fixture(scope="module")
+def paced_server(tmp_path_factory):
+    """The real engine, each pass held 0.05 s: the bar polls every 0.5 s, and a job of one-second passes
+    would otherwise show one or two of them, as many as happened to be running when it looked."""
+    from tests.service.server import Server
+
+    with Server(tmp_path_factory.mktemp("paced") / "data", engine="tests.service.engines:slow_optimize",
+                test_pass_delay=0.05) as running:
+        yield running
+
+
 @pytest.mark.models
-def test_a_terminal_gets_a_progress_bar_per_pass(real_server, tmp_path):
+def test_a_terminal_gets_a_progress_bar_per_pass(paced_server, tmp_path):
     leader, follower = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_SERVER": real_server.url, "COLUMNS": "120"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_SERVER": paced_server.url, "COLUMNS": "120"}
     name = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
     child = subprocess.Popen([sys.executable, "-m", "app.cli", "submit", str(CORPUS / name), *option_args(name),
                               "--wait"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -72,7 +72,7 @@ def test_tables_fit_the_terminal_width(cls_run, width):
     assert max(len(line) for line in text.splitlines()) <= width
     flat = "".join(text.split())  # narrow tables fold long cells over several lines
     for words in ("op types", "nodes per place", "host fallbacks", "memory per space", "verification",
-                  "mirserve.FusedConvHardSigmoid", "arm/fp16/nhwc", "28,224"):
+                  "mirserve.FusedConvHardSigmoid", "arm/fp16/nhwc", f"{cls_run['memory']['macs']['total']:,}"):
         assert "".join(words.split()) in flat, words
 
 
@@ -121,3 +121,15 @@ def test_an_empty_report_gives_an_empty_summary_that_still_renders():
     summary = build_summary({})
     assert summary["op_types"] == [] and summary["memory_spaces"] == [] and summary["host_fallbacks"] == []
     assert "not verified" in render_summary(summary, width=60)
+
+
+def test_unknown_macs_are_null_with_the_reason_never_zero():
+    unknown = [{"node": f"c{i}", "op": "Conv", "reason": "Conv: the shape of its output 0 is [batch, 4, ?, 8]"}
+               for i in range(2)] + [{"node": "x", "op": "com.acme.Op", "reason": "com.acme.Op is neither ..."}]
+    summary = build_summary({"memory": {"macs": {"total": None, "known_total": 1200, "nodes": [],
+                                                 "unknown": unknown}}})
+    assert summary["macs"] is None and summary["macs_unknown_nodes"] == 3
+    assert summary["macs_unknown"] == ["Conv: the shape of its output 0 is [batch, 4, ?, 8] (node c0)",
+                                       "com.acme.Op is neither ... (node x)"]
+    flat = " ".join(render_summary(summary, width=400).split())
+    assert "MACs unknown: 3 node(s) cannot be counted (1,200 in the others): Conv: the shape" in flat

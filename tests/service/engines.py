@@ -105,17 +105,21 @@ def probe(options) -> dict:
 
 
 def slow_optimize(model_path, output_path, options, progress):
-    """The real engine, held back ``MIRSERVE_TEST_ENGINE_DELAY`` seconds at its first pass.
+    """The real engine, held back ``MIRSERVE_TEST_ENGINE_DELAY`` seconds at its first pass and
+    ``MIRSERVE_TEST_PASS_DELAY`` seconds at every pass.
 
-    Kill tests need a job that is surely mid-run when they strike; the optimization itself is the real one.
+    Kill tests need a job that is surely mid-run when they strike, and progress tests a job whose passes
+    last longer than a poll; the optimization itself is the real one.
     """
     from worker.jobs.engine import run_optimize
 
     delay = float(os.environ.get("MIRSERVE_TEST_ENGINE_DELAY", "0"))
+    per_pass = float(os.environ.get("MIRSERVE_TEST_PASS_DELAY", "0"))
     state = {"slept": False}
 
     def slow_progress(index, total, pass_name):
         progress(index, total, pass_name)
+        time.sleep(per_pass)
         if not state["slept"]:
             state["slept"] = True
             time.sleep(delay)
@@ -129,3 +133,11 @@ def delayed(model_path, output_path, options, progress):
     progress(0, 1, "delay")
     time.sleep(float(os.environ.get("MIRSERVE_TEST_ENGINE_DELAY", "0")))
     return scripted(model_path, output_path, options, progress)
+
+
+def main_module(model_path, output_path, options, progress, external_data_dir=None):
+    """``scripted``, and the file of the main module this process has (``multiprocessing`` names the parent's
+    ``__main__`` ``__mp_main__`` when it imports it again; the fork server's own has no file)."""
+    report = scripted(model_path, output_path, options, progress)
+    report["main_file"] = getattr(sys.modules.get("__mp_main__"), "__file__", None)
+    return report

@@ -334,6 +334,18 @@ def test_passes_and_targets_come_from_the_engine(client):
     assert brief["x86"]["kernels"] is None and brief["x86"]["kernel_count"] == targets["x86"]["kernel_count"] > 0
 
 
+def test_targets_filter_by_op(client):
+    conv = {t["name"]: t for t in client.get("/targets", params={"op": "Conv"}).json()}
+    assert {"host", "x86", "arm", "npu"} <= conv.keys()
+    assert all(k["op"] == "Conv" for t in conv.values() for k in t["kernels"])
+    assert all(t["kernel_count"] == len(t["kernels"]) > 0 for t in conv.values())
+    assert "arm:Conv:1-21:fp16:nhwc" in {k["id"] for k in conv["arm"]["kernels"]}
+    fused = {t["name"] for t in client.get("/targets", params={"op": "mirserve.FusedConvHardSigmoid"}).json()}
+    assert "host" in fused and "arm" not in fused  # the fallback the issue describes, from the tables
+    assert client.get("/targets", params={"op": "com.example.Nothing"}).json() == []
+    assert client.get("/targets", params={"op": "x" * 201}).status_code == 422
+
+
 def test_the_committed_openapi_document_is_what_the_app_serves(client):
     committed = (REPO / "openapi" / "openapi.json").read_text(encoding="utf-8")
     served = client.get("/openapi.json").json()

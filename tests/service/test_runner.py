@@ -304,3 +304,21 @@ def test_the_engine_process_reaches_only_its_input_and_its_attempt_directory(mak
     assert set(found["write"].values()) == {"ok", "PermissionError"}
     assert found["write"][str(data / "evil.txt")] == "PermissionError" and not (data / "evil.txt").exists()
     assert found["list"] == {str(data): "PermissionError", str(jobs_dir): "PermissionError"}
+
+
+@pytest.mark.parametrize("warm", ["warm", "cold"])
+def test_an_engine_process_does_not_import_the_parents_main_module_again(tmp_path, warm):
+    """Under ``python -m app.cli worker`` the main module is the whole HTTP app: importing it again in every
+    engine process cost each job about a second."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.service.server import REPO
+
+    done = subprocess.run([sys.executable, "-m", "tests.service.start_engine", str(tmp_path), warm], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    main_file = json.loads(done.stdout)["main_file"]
+    assert main_file is None or not main_file.endswith("start_engine.py"), main_file

@@ -29,6 +29,7 @@ from worker.engine.options import OptimizeOptions
 from worker.engine.passes import REGISTRY, PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
 from worker.engine.passes.pipelines import all_pipelines, get_pipeline, pass_names
+from worker.engine.passes.place.support_check import KERNEL_PICK, kernel_pick_will_run, placement_support
 from worker.engine.kernels import default_table
 from worker.engine.places import Precision, ValidPlaces, all_targets, parse_places
 from worker.engine.plugins import catalog
@@ -68,21 +69,26 @@ def tolerances(options: OptimizeOptions, places: ValidPlaces) -> tuple[float, fl
             options.atol if options.atol is not None else atol)
 
 
-def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
+def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | None,
              options: OptimizeOptions = OptimizeOptions(), progress: Progress | None = None, *,
              external_data_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Optimize the model at ``model_path`` into ``output_path`` and return the report.
 
-    The output appears only once it is complete and (unless ``options.verify`` is off) verified.
+    The output appears only once it is complete and (unless ``options.verify`` is off) verified. With
+    ``options.check_support_only`` nothing is written (``output_path`` may be None): the pipeline runs up to
+    kernel pick and the report's ``support`` section tells, per op type, where it will run or why nowhere.
     ``external_data_dir`` is where the model's external data may be read from; give it only for a model
     you trust (the command line gives a local model's own directory); without it, a model that names
     external data anywhere is refused. Raises a MirserveError subclass for anything the user can fix.
     """
     started = time.perf_counter()
     places = validate_options(options)
-    model_path, output_path = Path(model_path), Path(output_path)
-    directory = output_path.parent if str(output_path.parent) else Path(".")
-    if not directory.is_dir():
+    model_path = Path(model_path)
+    if output_path is None and not options.check_support_only:
+        raise OptionsError("an output path is needed (only a support check writes nothing)", field="output")
+    output_path = Path(output_path) if output_path is not None else None
+    directory = (output_path.parent if output_path is not None and str(output_path.parent) else Path("."))
+    if output_path is not None and not options.check_support_only and not directory.is_dir():
         raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
     limits = options.limits
     model = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
@@ -90,15 +96,18 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph)}
+    input_bytes = before["bytes"] + model.external_data_bytes  # the weights in external data count too
     ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
-                      input_bytes=before["bytes"])
+                      input_bytes=input_bytes)
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
     cut = bool(options.cut_start or options.cut_end)
     # Shapes for open input dims, chosen on the input model before the pipeline, so the memory plan plans at
     # them; a cut model's inputs are other values, for which verification chooses its own.
-    ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options)
+    chunk_bytes = verify_chunk_bytes(input_bytes, limits)
+    ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options, chunk_bytes=chunk_bytes,
+                                                             mapped_bytes=input_bytes)
     with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
         steps = (*cut_steps, *get_pipeline(options.pipeline).steps_for(options))
         trace = manager.run(ctx, steps)
@@ -112,9 +121,14 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
             nonlocal verification
             if options.verify:
                 shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
+                data = output_path.with_name(output_path.name + ".data")
+                mapped = input_bytes + candidate.stat().st_size + (data.stat().st_size if data.exists() else 0)
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
                                       shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
-                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+                                      timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb,
+                                      chunk_bytes=chunk_bytes, mapped_bytes=mapped)
+                if chunk_bytes:
+                    verification["pieces_of_mb"] = chunk_bytes >> 20
                 if verification["passed"] is None and not options.allow_unverified:
                     raise VerificationError(
                         f"the optimized model cannot be verified, so it is not written: "
@@ -125,19 +139,23 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike,
                                         tried=ctx.sample_shapes["tried"])
 
         limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
-                            before["bytes"])
+                            input_bytes)
         try:
             saved = save_model(model, output_path, check=check)
         except VerificationError as exc:
             if not _falls_back(options, places, exc):
                 raise
+            if chunk_bytes:  # run piece by piece: too large to trace every value and rebuild per step
+                raise VerificationError(f"{exc}. Auto mixed precision does not run on a model verified piece "
+                                        f"by piece (larger than {chunk_bytes >> 20} MiB of weights per piece); "
+                                        f"give an fp32 place instead") from None
 
             def build(pinned) -> tuple:
                 again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
                                    target_opset=options.target_opset)
                 apply_input_shapes(again.graph, options.input_shapes)
                 rebuilt = PassContext(model=again, options=options, places=places, kernels=ctx.kernels,
-                                      input_bytes=before["bytes"], pinned_fp32=frozenset(pinned))
+                                      input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
                 rebuilt.sample_shapes = ctx.sample_shapes
                 again_manager = PassManager()
                 return again, rebuilt, again_manager.run(rebuilt, steps), again_manager
@@ -266,7 +284,20 @@ def memory_at(memory: Mapping[str, Any], dims: str) -> dict[str, Any]:
     return formulas.memory_at(memory, dims)
 
 
-def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> dict[str, Any] | None:
+#: Weights per piece when verification runs a large model piece by piece.
+VERIFY_CHUNK_BYTES = 256 << 20
+
+
+def verify_chunk_bytes(input_bytes: int, limits) -> int:
+    """0 when verification may load both models whole (their weights within a quarter of its memory budget),
+    else the weight bytes per piece it runs them in (``chunked``), so its memory stays bounded."""
+    if limits.verify_memory_mb and input_bytes > (limits.verify_memory_mb << 20) // 4:
+        return VERIFY_CHUNK_BYTES
+    return 0
+
+
+def sample_input_shapes(model, model_path: Path, options: OptimizeOptions, *, chunk_bytes: int = 0,
+                        mapped_bytes: int = 0) -> dict[str, Any] | None:
     """Shapes for the input dims the user left open, or None when there are none: chosen by running the
     input model (``choose_shapes``) when verification is on, else the first choice untried."""
     specs = graph_specs(model.graph)
@@ -274,7 +305,8 @@ def sample_input_shapes(model, model_path: Path, options: OptimizeOptions) -> di
         return None
     if options.verify:
         chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
-                               memory_mb=options.limits.verify_memory_mb)
+                               memory_mb=options.limits.verify_memory_mb, chunk_bytes=chunk_bytes,
+                               mapped_bytes=mapped_bytes)
         return chosen if chosen.get("shapes") else None
     try:
         return first_choice(specs, options.input_shapes)
@@ -330,25 +362,55 @@ def _has_kernel(kernels, qualified_op: str, target: str) -> bool:
 
 def _support_report(ctx: PassContext, manager: PassManager, before: dict, places: ValidPlaces,
                     started: float) -> dict[str, Any]:
-    """--check-support: type inference and the support check only; nothing is written."""
-    steps = CUT_STEPS if ctx.options.cut_start or ctx.options.cut_end else ("type_inference",)
-    trace = manager.run(ctx, (*steps, "support_check"))
+    """--check-support: the pipeline up to kernel pick (the rewrites included, so the ops checked are the
+    ones that will run), then per op type its places or why none; nothing is written. A pipeline without
+    kernel pick (opt level 0, the analysis pipeline) is checked as it stands after its last pass."""
+    steps = list(get_pipeline(ctx.options.pipeline).steps_for(ctx.options))
+    names = pass_names(steps)
+    if KERNEL_PICK in names:
+        upto = names.index(KERNEL_PICK)
+        steps = [s for s in steps if all(n in names[:upto + 1] for n in pass_names([s]))]
+    if ctx.options.cut_start or ctx.options.cut_end:
+        steps = [*CUT_STEPS, *steps]
+    trace = manager.run(ctx, steps)
+    before_rewrites = ctx.report.get("support")
+    if kernel_pick_will_run(ctx):
+        support = placement_support(ctx, ctx.report.get("pick_failures") or {}, before_rewrites)
+    else:
+        support = before_rewrites or {"places": [str(p) for p in places], "stage": "before_rewrites",
+                                      "supported": True, "op_types": 0, "unsupported": []}
     return {"version": __version__, "model": {"input": before, "output": None},
-            "places": [str(p) for p in places], "pipeline": None, "options": ctx.options.to_dict(),
-            "trace": trace, "verification": None, "support": ctx.report.get("support"),
+            "places": [str(p) for p in places], "pipeline": ctx.options.pipeline, "options": ctx.options.to_dict(),
+            "trace": trace, "verification": None, "support": support,
+            "warnings": [{"kind": "pass_failed", "pass": f.pass_name, "message": f.message, **f.to_dict()}
+                         for f in manager.failures],
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-def list_targets() -> list[dict[str, Any]]:
-    """Every registered target with its memory, the source of its kernel table, and its kernels."""
+def list_targets(op: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+    """Every registered target with its memory, the source of its kernel table, and its kernels.
+
+    ``op`` keeps only the kernels of that op (domain-qualified outside the default domain, as listed) and the
+    targets that have one; ``target`` keeps only that target. An unknown target is an OptionsError.
+    """
     PLUGINS.ensure_loaded()
     table = default_table()
+    chosen = all_targets()
+    if target is not None:
+        names = [t.name for t in chosen]
+        if target not in names:
+            raise OptionsError(f"unknown target {target!r}: the targets are {', '.join(names)}", field="target")
+        chosen = [t for t in chosen if t.name == target]
     found = []
-    for target in all_targets():
-        kernels = sorted(table.by_target(target.name), key=lambda k: (k.domain, k.op, k.since))
-        found.append({"name": target.name, "memory_space": target.memory_space,
-                      "description": target.description, "origin": target.origin,
-                      "source": table.source(target.name),
+    for each in chosen:
+        kernels = sorted(table.by_target(each.name), key=lambda k: (k.domain, k.op, k.since))
+        if op is not None:
+            kernels = [k for k in kernels if k.qualified_op == op]
+            if not kernels and target is None:
+                continue
+        found.append({"name": each.name, "memory_space": each.memory_space,
+                      "description": each.description, "origin": each.origin,
+                      "source": table.source(each.name),
                       "kernels": [{"id": k.id, "op": k.qualified_op, "since": k.since, "until": k.until,
                                    "precision": k.precision.value, "layout": k.layout.value,
                                    "variant": k.variant or None, "origin": k.origin} for k in kernels]})

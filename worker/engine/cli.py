@@ -40,12 +40,13 @@ def _add_optimize(commands) -> None:
     cmd = commands.add_parser("optimize", help="optimize a model and write it with a report",
                               description="Optimize MODEL for the given places and write it to OUT.")
     cmd.add_argument("model", metavar="MODEL", help="the ONNX model to optimize")
-    cmd.add_argument("-o", "--output", required=True, metavar="OUT", help="where to write the optimized model")
+    cmd.add_argument("-o", "--output", metavar="OUT",
+                     help="where to write the optimized model (required, except with --check-support)")
     add_option_arguments(cmd)
     add_picture_arguments(cmd)
     add_output_arguments(cmd)
     add_plugin_argument(cmd)
-    cmd.set_defaults(func=run_optimize)
+    cmd.set_defaults(func=run_optimize, parser=cmd)
 
 
 def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = True) -> None:
@@ -71,7 +72,8 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
                      help="do not append host places as the lowest-priority fallback")
     if check_support:
         cmd.add_argument("--check-support", action="store_true",
-                         help="only check that every op has a kernel in some valid place; write nothing")
+                         help="run the pipeline up to kernel pick and print, per op type, the place it will run "
+                              "on or why none; write nothing (-o not needed); exit 2 when an op has no place")
     cmd.add_argument("--no-verify", action="store_true", help="skip the numeric check against the input")
     cmd.add_argument("--allow-unverified", action="store_true",
                      help="write a model that cannot be verified (onnxruntime cannot run the input) with a "
@@ -141,7 +143,16 @@ def run_draw(args: argparse.Namespace) -> int:
 
 
 def _add_targets(commands) -> None:
-    cmd = commands.add_parser("targets", help="list every target and the kernels its table registers")
+    cmd = commands.add_parser(
+        "targets", help="list every target and the kernels its table registers",
+        description="List the targets and their kernels: `mirserve targets` every target, `mirserve targets arm` "
+                    "one (Paddle-Lite's --print_supported_ops), `mirserve targets --ops` every op against every "
+                    "target (--print_all_ops); `mirserve optimize MODEL --check-support` is --print_model_ops.")
+    cmd.add_argument("target", nargs="?", metavar="TARGET", help="list only this target's kernels")
+    cmd.add_argument("--ops", action="store_true",
+                     help="a matrix of every op against every target: the precision/layout forms each runs in")
+    cmd.add_argument("--op", metavar="OP", help="only this op (domain-qualified outside the default domain, "
+                                                "e.g. Conv or mirserve.FusedConvRelu)")
     cmd.add_argument("--json", action="store_true", help="print JSON instead of a summary")
     cmd.set_defaults(func=run_targets)
 
@@ -210,12 +221,22 @@ def run_optimize(args: argparse.Namespace) -> int:
     from worker.engine.api import optimize
 
     options = options_from_args(args)
+    if args.output is None and not options.check_support_only:
+        args.parser.error("the following arguments are required: -o/--output (only --check-support writes "
+                          "nothing)")
     check_picture_targets(args, options)
     # The user names a local file, so its external data (beside it, never outside its directory) is theirs too.
-    report = optimize(args.model, args.output, options, external_data_dir=Path(args.model).parent)
+    report = optimize(args.model, None if options.check_support_only else args.output, options,
+                      external_data_dir=Path(args.model).parent)
     write_pictures(report, args)
     print_outcome(report, args)
-    return 0
+    support = report.get("support") if options.check_support_only else None
+    return UNSUPPORTED_EXIT if support is not None and not support.get("supported") else 0
+
+
+#: The exit status of ``--check-support`` when some op has no place (1 is an error, 2 a usage error too,
+#: as Paddle-Lite's opt does for an unsupported model: a non-zero status scripts can test).
+UNSUPPORTED_EXIT = 2
 
 
 def check_picture_targets(args: argparse.Namespace, options: OptimizeOptions) -> None:
@@ -326,24 +347,48 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
     return line
 
 
-def support_summary(support: dict[str, Any]) -> str:
+def support_summary(support: dict[str, Any], width: int | None = None) -> str:
+    """What --check-support found: one line, then (after kernel pick) per op type its places or why none."""
     places = ",".join(support["places"])
-    if support["supported"]:
-        return f"every one of the {support['op_types']} op types has a kernel in the valid places ({places})"
-    lines = [f"{len(support['unsupported'])} of {support['op_types']} op types have no kernel in the valid "
-             f"places ({places}):"]
-    for entry in support["unsupported"]:
-        nodes = entry["nodes"]
-        lines.append(f"  {entry['op']}: {', '.join(nodes[:6])}" + (f" (+{len(nodes) - 6})" if len(nodes) > 6 else ""))
-    return "\n".join(lines)
+    unsupported = support.get("unsupported") or []
+    if not unsupported:
+        head = f"every one of the {support['op_types']} op types has a kernel in the valid places ({places})"
+    else:
+        head = (f"{len(unsupported)} of {support['op_types']} op types have no kernel in the valid places "
+                f"({places}):")
+    if "ops" not in support:  # checked before any rewrite (a pipeline without kernel pick)
+        lines = [head]
+        for entry in unsupported:
+            nodes = entry["nodes"]
+            lines.append(f"  {entry['op']}: {', '.join(nodes[:6])}" + (f" (+{len(nodes) - 6})" if len(nodes) > 6 else ""))
+        return "\n".join(lines)
+    from worker.engine.summary import render_table
+
+    rows = [[row["op"], str(row["nodes"]),
+             ", ".join(f"{place} x{count}" for place, count in row["places"].items()) or "none",
+             row.get("note") or ""] for row in support["ops"]]
+    text = head + "\n" + render_table("op types after the rewrites, as kernel pick placed them",
+                                       ["op type", "nodes", "places", "why"], rows, width=width,
+                                       keep_whole=("op type",))
+    removed = support.get("removed_by_rewrites") or []
+    if removed:
+        text += (f"\nwithout a kernel in the input but removed by the rewrites: {', '.join(removed)}")
+    return text
 
 
 def run_targets(args: argparse.Namespace) -> int:
     from worker.engine.api import list_targets
 
-    targets = list_targets()
+    targets = list_targets(op=args.op, target=args.target)
     if args.json:
         print(json.dumps(targets, indent=2))
+        return 0
+    if args.op and not targets:
+        print(f"no target has a kernel for {terminal_safe(args.op)} (ops outside the default domain are "
+              f"qualified: mirserve.FusedConvRelu)")
+        return 0
+    if args.ops:
+        print(terminal_safe(ops_matrix(targets)))
         return 0
     for target in targets:
         kernels = target["kernels"]
@@ -356,6 +401,27 @@ def run_targets(args: argparse.Namespace) -> int:
         for op in sorted(by_op):
             print(f"  {op:32} {' '.join(sorted(by_op[op]))}")
     return 0
+
+
+def ops_matrix(targets: list[dict[str, Any]], width: int | None = None) -> str:
+    """Every op against every target, as Paddle-Lite's --print_all_ops: ``Y`` where the target has a kernel
+    (``Y*`` when an NHWC form is among them), ``-`` where not; ``mirserve targets TARGET`` and ``--json``
+    give every precision and layout."""
+    from worker.engine.summary import render_table
+
+    forms: dict[str, dict[str, set[str]]] = {}
+    for target in targets:
+        for kernel in target["kernels"]:
+            forms.setdefault(kernel["op"], {}).setdefault(target["name"], set()).add(kernel["layout"])
+    names = [t["name"] for t in targets]
+
+    def cell(layouts: set[str] | None) -> str:
+        return "-" if not layouts else "Y*" if "nhwc" in layouts else "Y"
+
+    rows = [[op, *(cell(forms[op].get(name)) for name in names)] for op in sorted(forms)]
+    return render_table(f"{len(rows)} ops x {len(names)} targets (Y: a kernel, Y*: an NHWC one too; "
+                        f"`mirserve targets TARGET` lists precisions and layouts)", ["op", *names], rows,
+                        width=width, keep_whole=names)
 
 
 def run_passes(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ Shapes = Mapping[str, Sequence[int]]
 
 
 def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
-                  timeout: float = 300, memory_mb: int = 0) -> dict[str, Any]:
+                  timeout: float = 300, memory_mb: int = 0, chunk_bytes: int = 0,
+                  mapped_bytes: int = 0) -> dict[str, Any]:
     """Input shapes the input model runs on, for the dims ``given`` leaves open.
 
     Returns ``{"shapes": [first set, second set (batch 2), ...], "dims": {dim: value}, "roles": {dim: role},
@@ -34,9 +35,9 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
     choice is returned untried) when onnxruntime cannot load the input model. Raises VerificationError,
     naming every attempt and suggesting --input-shape, when no choice runs.
     """
-    request = {"mode": "choose", "reference": str(reference), "seed": seed,
+    request = {"mode": "choose", "reference": str(reference), "seed": seed, "chunk_bytes": chunk_bytes,
                "given": {k: list(v) for k, v in (given or {}).items()}}
-    answer = _run_child(request, timeout, memory_mb, "choosing input shapes")
+    answer = _run_child(request, timeout, memory_mb, "choosing input shapes", mapped_bytes)
     if answer.get("error"):
         raise VerificationError(answer["error"])
     return answer
@@ -44,21 +45,26 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
 
 def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None,
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
-           atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0) -> dict[str, Any]:
+           atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
+           chunk_bytes: int = 0, mapped_bytes: int = 0) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
     the shapes are chosen here from ``input_shapes``. Returns the verification report, whose ``shapes`` say
     what was verified; when the input model itself cannot run on onnxruntime, nothing can be proven, and
     the report says so with ``passed`` None and the reason under ``skipped``.
+
+    With ``chunk_bytes``, both models run piece by piece with at most that many bytes of weights loaded at a
+    time (``chunked.ChunkedSession``), for models too large to load whole; ``mapped_bytes`` is what their
+    files add to the child's address space (mapped, not in its memory budget).
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
-               "rtol": rtol, "atol": atol, "seed": seed,
+               "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
                "given": {k: list(v) for k, v in (input_shapes or {}).items()},
                "shape_sets": None if shape_sets is None else [{k: list(v) for k, v in s.items()}
                                                               for s in shape_sets]}
     started = time.perf_counter()
-    report = _run_child(request, timeout, memory_mb, "numeric verification")
+    report = _run_child(request, timeout, memory_mb, "numeric verification", mapped_bytes)
     report["seconds"] = round(time.perf_counter() - started, 3)
     if report.get("error"):
         raise VerificationError(report["error"])
@@ -106,7 +112,7 @@ ALLOCATION_FAILURES = ("bad_alloc", "Failed to allocate", "BFCArena", "Cannot al
                        "Unable to allocate", "std::length_error")
 
 
-def _run_child(request: dict, timeout: float, memory_mb: int, what: str) -> dict:
+def _run_child(request: dict, timeout: float, memory_mb: int, what: str, mapped_bytes: int = 0) -> dict:
     """Run one check in a child with its own budgets: ``timeout`` seconds of wall time, ``memory_mb`` MiB of
     address space (0: the caller's own limit). A model that runs forever (a Loop whose condition never turns
     false) or asks for more memory fails the check, naming the budget, and holds nothing after it."""
@@ -116,7 +122,7 @@ def _run_child(request: dict, timeout: float, memory_mb: int, what: str) -> dict
         if memory_mb > 0:
             import resource
 
-            wanted = memory_mb << 20
+            wanted = (memory_mb << 20) + max(0, int(mapped_bytes))  # mapped model files are not memory
             _, hard = resource.getrlimit(resource.RLIMIT_AS)
             if hard != resource.RLIM_INFINITY:
                 wanted = min(wanted, hard)
@@ -182,6 +188,10 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
     return feeds
 
 
+#: Weight bytes per piece when the request asks to run the models piece by piece (0: whole).
+_CHUNK_BYTES = 0
+
+
 def _stored_in_fp16(source):
     """The model (a path or its bytes) with every fp16 value its main graph passes between nodes stored in fp16,
     as bytes, or ``source`` itself when it has none.
@@ -192,10 +202,13 @@ def _stored_in_fp16(source):
     what fp16 does to it (rounding, overflow to infinity); an input model with fp16 values, too. Two Identities
     on each fp16 value (real fp16 kernels; a lone one between ops without fp16 kernels is itself run in fp32)
     keep the casts apart, so each value is rounded to fp16 as a device computing in fp16 stores it. Both
-    models of a verification run so: for a model without fp16 values nothing changes.
+    models of a verification run so: for a model without fp16 values nothing changes (nor for one run piece
+    by piece, too large to load whole).
     """
     import onnx
 
+    if _CHUNK_BYTES:  # a model run piece by piece is not loaded whole: as it is
+        return source
     model = onnx.load(source) if isinstance(source, str) else (
         onnx.load_from_string(source) if isinstance(source, bytes) else source)
     if not _names_fp16(model):
@@ -243,6 +256,11 @@ def _names_fp16(model) -> bool:
 
 def _session(path):
     import onnxruntime as ort
+
+    if _CHUNK_BYTES:
+        from worker.engine.chunked import ChunkedSession
+
+        return ChunkedSession(path, _CHUNK_BYTES)
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -375,6 +393,8 @@ def _out_of_memory(exc: BaseException, request: dict) -> str | None:
 
 
 def _child(request: dict) -> dict:
+    global _CHUNK_BYTES
+    _CHUNK_BYTES = int(request.get("chunk_bytes") or 0)
     if request.get("mode") == "choose":
         return _child_choose(request)
     if request.get("mode") == "errors":

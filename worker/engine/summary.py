@@ -55,7 +55,9 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "io_bytes": memory.get("io_bytes"),
         "unplanned": [{"space": u.get("space"), "reason": u.get("reason")} for u in memory.get("unplanned") or []],
         "macs": (memory.get("macs") or {}).get("total"),
+        "macs_known": (memory.get("macs") or {}).get("known_total"),
         "macs_unknown_nodes": len((memory.get("macs") or {}).get("unknown") or []),
+        "macs_unknown": _macs_unknown((memory.get("macs") or {}).get("unknown") or []),
         "verification": _verification(report.get("verification")),
         "warnings": _warnings(report),
         "cut": report.get("cut"),
@@ -69,6 +71,21 @@ def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | N
         return None
     return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
             "seconds": section.get("seconds")}
+
+
+#: How many distinct reasons for unknown MACs the summary quotes.
+MACS_REASONS = 3
+
+
+def _macs_unknown(unknown: list) -> list[str]:
+    """The distinct reasons why MACs are unknown (the first few), each with a node it applies to."""
+    reasons: dict[str, str] = {}
+    for entry in unknown:
+        if isinstance(entry, Mapping):
+            reasons.setdefault(str(entry.get("reason")), str(entry.get("node")))
+        else:  # a report written before reasons were given
+            reasons.setdefault("its shapes are unknown", str(entry))
+    return [f"{reason} (node {node})" for reason, node in list(reasons.items())[:MACS_REASONS]]
 
 
 def _user_targets(report: Mapping[str, Any]) -> set[str]:
@@ -290,10 +307,14 @@ def _figures_table(summary: Mapping[str, Any]):
         casts = summary.get("casts") or {}
         rows.append(["casts", ", ".join(f"{kind} {count}" for kind, count in casts.items()) or "none"])
     if summary.get("macs") is not None:
-        macs = f"{summary['macs']:,}"
-        if summary.get("macs_unknown_nodes"):
-            macs += f" (not counting {summary['macs_unknown_nodes']} node(s) whose shapes are unknown)"
-        rows.append(["MACs", macs])
+        rows.append(["MACs", f"{summary['macs']:,}"])
+    elif summary.get("macs_unknown_nodes"):
+        known = summary.get("macs_known")
+        text = f"unknown: {summary['macs_unknown_nodes']} node(s) cannot be counted"
+        if known:
+            text += f" ({known:,} in the others)"
+        reasons = summary.get("macs_unknown") or []
+        rows.append(["MACs", text + (": " + "; ".join(reasons) if reasons else "")])
     if summary.get("io_bytes") is not None:
         rows.append(["inputs and outputs", _bytes(summary["io_bytes"])])
     for entry in summary.get("unplanned") or []:

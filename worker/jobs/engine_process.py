@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.spawn
 import os
 import signal
 from dataclasses import asdict, dataclass
@@ -23,6 +24,30 @@ from worker.jobs import child
 
 MAX_MESSAGE = 64 * 1024
 WARM, COLD = multiprocessing.get_context("forkserver"), multiprocessing.get_context("spawn")
+#: Engine processes are named so; see ``_without_main``.
+NAME_PREFIX = "mirserve-engine "
+
+
+def _without_main(get_preparation_data):
+    """``multiprocessing`` makes every new process (forked from the fork server, or spawned) import the
+    parent's ``__main__`` again before its target runs: under ``python -m app.cli worker`` that is the whole
+    HTTP app, about a second per job. An engine process needs nothing of it (its target is
+    ``worker.jobs.child.run``), so its preparation data leaves the main module out; other processes keep
+    theirs. ``get_preparation_data`` is looked up at each start, so wrapping it is enough."""
+
+    def prepare(name: str) -> dict:
+        data = get_preparation_data(name)
+        if name.startswith(NAME_PREFIX):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    prepare.wrapped = get_preparation_data
+    return prepare
+
+
+if not hasattr(multiprocessing.spawn.get_preparation_data, "wrapped"):
+    multiprocessing.spawn.get_preparation_data = _without_main(multiprocessing.spawn.get_preparation_data)
 
 
 @dataclass(frozen=True)
@@ -61,7 +86,7 @@ class EngineProcess:
         self._progress, progress_end = context.Pipe(duplex=False)
         lifeline_end, self._lifeline = context.Pipe(duplex=False)
         self._process = context.Process(target=child.run, args=(asdict(spec), progress_end, lifeline_end),
-                                         name=f"engine {os.path.basename(spec.attempt_dir)}", daemon=True)
+                                         name=f"{NAME_PREFIX}{os.path.basename(spec.attempt_dir)}", daemon=True)
         try:
             self._process.start()
         finally:  # the engine process holds its own ends now

@@ -127,7 +127,8 @@ class Report(BaseModel):
 
 
 #: The parts of the engine's readable summary a job row keeps (the figures above cover the rest).
-READABLE_PARTS = ("op_types", "nodes_per_place", "casts", "host_fallbacks", "memory_spaces", "warnings")
+READABLE_PARTS = ("op_types", "nodes_per_place", "casts", "host_fallbacks", "memory_spaces", "warnings",
+                  "macs_unknown")
 
 
 def _readable(summary: Any) -> dict[str, Any]:

@@ -22,6 +22,10 @@ class Model:
     functions: list[Any] = field(default_factory=list)
     #: Parts of ModelProto no pass reads (training_info, configuration), kept for the writer.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Bytes of the external data files the input's weights were read from (0: all in the model file).
+    external_data_bytes: int = 0
+    #: The files the weights are mapped from (``tensors.MappedFile``), whose pages ``release_pages`` drops.
+    mapped_files: list[Any] = field(default_factory=list)
 
     def opset(self, domain: str = "") -> int:
         """The imported opset version of a domain ("" and "ai.onnx" are the same), 0 when not imported."""
@@ -31,6 +35,14 @@ class Model:
 
     def node_count(self) -> int:
         return len(self.graph)
+
+    def release_pages(self) -> None:
+        """Drop the pages of the mapped weight files from the process's resident set (the page cache keeps
+        them, and a weight read again maps them again): what a pass read through the mapping does not stay in
+        the resident set for the rest of the run. The kernel maps whole readahead windows (megabytes) on a
+        fault, so even sampling a few elements per weight would otherwise add up to the whole model."""
+        for mapped in self.mapped_files:
+            mapped.release(0, len(mapped))
 
     def function_keys(self) -> set[tuple[str, str]]:
         return {(f.domain, f.name) for f in self.functions}

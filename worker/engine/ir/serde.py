@@ -9,7 +9,6 @@ never outside the model's directory.
 """
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from worker.engine.ir.journal import tracked
 from worker.engine.ir.graph import Graph, Names
 from worker.engine.ir.model import Model
 from worker.engine.ir.node import Attr, Node
-from worker.engine.ir.tensors import (ExternalData, check_external_data, check_tensor_types,
+from worker.engine.ir.tensors import (ExternalData, MappedFile, check_external_data, check_tensor_types,
                                       names_external_data, to_array)
 from worker.engine.ir.value import ConstSource, Shape, Value
 
@@ -52,10 +51,12 @@ if os.sys.byteorder != "little":  # raw_data is little-endian by the ONNX spec
 class MappedTensor(ConstSource):
     """An initializer whose bytes stay in a mapped file (the model, or trusted external data)."""
 
-    __slots__ = ("buffer", "offset", "nbytes", "dtype", "shape")
+    __slots__ = ("buffer", "offset", "nbytes", "dtype", "shape", "file")
 
-    def __init__(self, buffer, offset: int, nbytes: int, dtype: int, shape: tuple[int, ...]):
+    def __init__(self, buffer, offset: int, nbytes: int, dtype: int, shape: tuple[int, ...],
+                 file: MappedFile | None = None):
         self.buffer, self.offset, self.nbytes, self.dtype, self.shape = buffer, offset, nbytes, dtype, shape
+        self.file = file  # the mapped file with its descriptor, when the writer may copy from it in the kernel
 
     def array(self) -> np.ndarray:
         np_dtype = helper.tensor_dtype_to_np_dtype(self.dtype)
@@ -64,6 +65,18 @@ class MappedTensor(ConstSource):
 
     def payload(self) -> memoryview:
         return memoryview(self.buffer)[self.offset:self.offset + self.nbytes]
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.release(self.offset, self.nbytes)
+
+    def take(self, positions: np.ndarray) -> np.ndarray | None:
+        if self.file is None:
+            return None
+        np_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.dtype))
+        data = self.file.read_at(self.offset + np.asarray(positions, dtype=np.int64) * np_dtype.itemsize,
+                                 np_dtype.itemsize)
+        return None if data is None else np.frombuffer(data, dtype=np_dtype)
 
 
 class ProtoTensor(ConstSource):
@@ -111,7 +124,8 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
         size = os.fstat(handle.fileno()).st_size
         if size == 0:
             raise ModelError(f"{path}: empty file, not an ONNX model")
-        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        mapped = MappedFile(os.dup(handle.fileno()), path)
+    buffer = mapped.map
     try:
         stripped, spans = wire.strip_initializer_payloads(buffer, MAPPED_MIN_BYTES)
         proto = onnx.ModelProto.FromString(stripped)
@@ -127,7 +141,9 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
     check_tensor_types(proto)
     if target_opset is not None:
         proto, spans = raise_opset(proto, spans, target_opset, path)
-    model = _Reader(path, buffer, spans, external, limits).model(proto)
+    model = _Reader(path, mapped, spans, external, limits).model(proto)
+    model.external_data_bytes = external.mapped_bytes if external is not None else 0
+    model.mapped_files = [mapped, *(external.files if external is not None else ())]
     _check_reshapes(model.graph, path)
     return model
 
@@ -258,9 +274,10 @@ def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
 
 
 class _Reader:
-    def __init__(self, path: Path, buffer, spans: dict[int, wire.RawSpan], external: ExternalData | None,
-                 limits: Limits):
-        self.path, self.buffer, self.spans, self.external, self.limits = path, buffer, spans, external, limits
+    def __init__(self, path: Path, mapped: MappedFile, spans: dict[int, wire.RawSpan],
+                 external: ExternalData | None, limits: Limits):
+        self.path, self.mapped, self.spans, self.external, self.limits = path, mapped, spans, external, limits
+        self.buffer = mapped.map
         self.names = Names()
 
     def model(self, proto: onnx.ModelProto) -> Model:
@@ -369,8 +386,8 @@ class _Reader:
             if expected is None:
                 raise ModelError(f"{where}: external data is supported for fixed-width types only, not "
                                  f"{helper.tensor_dtype_to_string(tensor.data_type)}")
-            buffer, offset, length = self.external.buffer(tensor, where, expected)
-            return MappedTensor(buffer, offset, length, tensor.data_type, shape)
+            mapped, offset, length = self.external.source(tensor, where, expected)
+            return MappedTensor(mapped.map, offset, length, tensor.data_type, shape, mapped)
         if span is None:
             return ProtoTensor(tensor)
         expected = _expected_nbytes(tensor.data_type, shape)
@@ -382,7 +399,7 @@ class _Reader:
         if expected != span.length:
             raise ModelError(f"{self.path}: initializer {tensor.name!r} has {span.length} bytes of data, "
                              f"shape {list(shape)} needs {expected}")
-        return MappedTensor(self.buffer, span.offset, span.length, tensor.data_type, shape)
+        return MappedTensor(self.buffer, span.offset, span.length, tensor.data_type, shape, self.mapped)
 
     @staticmethod
     def apply_type(value: Value, info: onnx.ValueInfoProto) -> None:
@@ -434,8 +451,10 @@ class SaveInfo:
 
 
 def save_model(model: Model, path: str | os.PathLike, *, protobuf_limit: int = PROTOBUF_LIMIT,
-               value_info: bool = True, check: Callable[[Path], None] | None = None) -> SaveInfo:
-    """Write the model to ``path`` atomically, with external data beside it when it is too big for protobuf.
+               value_info: bool = True, check: Callable[[Path], None] | None = None,
+               external_data: bool = False) -> SaveInfo:
+    """Write the model to ``path`` atomically, with external data beside it when it is too big for protobuf
+    or ``external_data`` asks for it.
 
     ``check`` is called with the complete temporary file before it is renamed to ``path``; if it raises,
     nothing is left behind (the way a model that fails verification never reaches its output path).
@@ -445,7 +464,8 @@ def save_model(model: Model, path: str | os.PathLike, *, protobuf_limit: int = P
     head, tail, chunks = writer.layout()
     total = len(head) + len(tail) + sum(c.size for c in chunks)
     data_path = None
-    if total > protobuf_limit:
+    if total > protobuf_limit or (external_data and any(
+            c.payload is not None and len(c.payload) >= MAPPED_MIN_BYTES for c in chunks)):
         data_path = path.with_name(path.name + ".data")
         chunks = _to_external(chunks, data_path.name)
     if data_path is not None:  # the model names its data file, so the data is published first
@@ -498,6 +518,7 @@ class _Chunk:
         self.header = header  # TensorProto without raw data
         self.payload = payload  # buffer of raw bytes, or None when ``full`` carries everything
         self.full = full
+        self.source: tuple[MappedFile, int] | None = None  # (file, offset) the payload can be copied from
         self.external: TensorProto | None = None
         self._offset = 0
         self._encoded_header = (full or header).SerializeToString()
@@ -520,12 +541,22 @@ class _Chunk:
         out.write(self._encoded_header)
         if self.external is None and self.payload is not None:
             out.write(wire.len_field_header(wire.TENSOR_RAW_DATA, len(self.payload)))
-            _write_payload(out, self.payload)
+            self._write_payload(out)
 
     def write_external(self, data_file: BinaryIO) -> None:
         if self.external is not None:
             data_file.seek(self._offset)
-            _write_payload(data_file, self.payload)
+            self._write_payload(data_file)
+
+    def _write_payload(self, out: BinaryIO) -> None:
+        if self.source is not None:
+            mapped, offset = self.source
+            if _copy_range(mapped, offset, len(self.payload), out):
+                return
+            out.write(self.payload)
+            mapped.release(offset, len(self.payload))  # read once: out of the resident set again
+            return
+        _write_payload(out, self.payload)
 
 
 class ArrayPayload:
@@ -588,6 +619,36 @@ def _strided_blocks(array: np.ndarray, limit: int) -> Iterable[np.ndarray]:
     step = max(1, limit // max(1, row))
     for start in range(0, array.shape[0], step):
         yield _as_bytes(array[start:start + step])
+
+
+#: Set to False to write mapped payloads through the mapping (tests compare both ways).
+COPY_FILE_RANGE = hasattr(os, "copy_file_range")
+
+
+def _copy_range(mapped: MappedFile, offset: int, length: int, out: BinaryIO) -> bool:
+    """Copy ``length`` bytes at ``offset`` of ``mapped`` to ``out`` at its position, in the kernel; False when
+    the kernel cannot (another file system, an old kernel), before anything was written."""
+    if not COPY_FILE_RANGE or mapped.fd < 0 or length == 0:
+        return False
+    try:
+        out_fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream
+        return False
+    out.flush()
+    position = out.tell()
+    done = 0
+    try:
+        while done < length:
+            n = os.copy_file_range(mapped.fd, out_fd, length - done, offset + done, position + done)
+            if n == 0:
+                raise OSError("the source ended early")
+            done += n
+    except OSError:
+        if done:
+            raise
+        return False
+    out.seek(position + length)
+    return True
 
 
 def _write_payload(out: BinaryIO, payload) -> None:
@@ -772,7 +833,10 @@ def initializer_chunk(value: Value) -> _Chunk:
     if isinstance(source, MappedTensor):
         header = TensorProto(name=value.name, data_type=source.dtype, dims=source.shape,
                              doc_string=value.doc_string)
-        return _Chunk(header, source.payload())
+        chunk = _Chunk(header, source.payload())
+        if source.file is not None:
+            chunk.source = (source.file, source.offset)
+        return chunk
     if isinstance(source, ProtoTensor):
         full = source.proto
         if full.name != value.name or full.doc_string != value.doc_string:

@@ -49,15 +49,94 @@ def to_array(tensor: TensorProto) -> np.ndarray:
         raise ModelError(f"tensor {tensor.name!r} cannot be decoded: {exc}") from None
 
 
+class MappedFile:
+    """A file mapped read-only, with a descriptor kept open so that writers can copy ranges of it in the kernel
+    (``copy_file_range``) instead of reading them through the mapping, which would count every page copied in
+    the process's resident set."""
+
+    __slots__ = ("map", "fd", "path", "_random_fd", "__weakref__")
+
+    def __init__(self, fd: int, path: Path):
+        """Maps ``fd`` and takes it over (it is closed with this object)."""
+        self.fd, self.path = fd, path
+        self._random_fd = -1
+        try:
+            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def __len__(self) -> int:
+        return len(self.map)
+
+    def __del__(self) -> None:
+        for name in ("fd", "_random_fd"):
+            fd = getattr(self, name, -1)
+            setattr(self, name, -1)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def read_at(self, offsets, size: int) -> bytes | None:
+        """``size`` bytes at each offset, concatenated, read without the mapping and without readahead (a
+        fault on the mapping reads and maps megabytes around the element); None when the file cannot be
+        read that way."""
+        if self._random_fd < 0:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return None
+            if os.fstat(fd).st_ino != os.fstat(self.fd).st_ino:  # replaced since it was mapped
+                os.close(fd)
+                return None
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            self._random_fd = fd
+        try:
+            parts = [os.pread(self._random_fd, size, int(offset)) for offset in offsets]
+        except OSError:
+            return None
+        if any(len(part) != size for part in parts):
+            return None
+        return b"".join(parts)
+
+    def release(self, offset: int, length: int) -> None:
+        """Drop the process's mapping of these bytes' pages (the page cache keeps them; reading them again
+        maps them again), so a payload read once through the mapping does not stay in the resident set."""
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self.map), offset + length)
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                self.map.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass
+
+
 class ExternalData:
     """External data files of a trusted model: regular files inside ``base``, each mapped once."""
 
     def __init__(self, base: str | os.PathLike):
         self.base = Path(base).resolve()
-        self._maps: dict[Path, mmap.mmap] = {}
+        self._maps: dict[Path, MappedFile] = {}
+
+    @property
+    def files(self) -> list[MappedFile]:
+        return list(self._maps.values())
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of the external data files mapped so far (every one the model names, after loading)."""
+        return sum(len(f) for f in self._maps.values())
 
     def buffer(self, tensor: TensorProto, where: str, nbytes: int | None) -> tuple[mmap.mmap, int, int]:
         """The mapped file, offset and length of ``tensor``'s bytes; ``nbytes`` is what its shape needs."""
+        mapped, offset, length = self.source(tensor, where, nbytes)
+        return mapped.map, offset, length
+
+    def source(self, tensor: TensorProto, where: str, nbytes: int | None) -> tuple[MappedFile, int, int]:
+        """The mapped file (with its descriptor), offset and length of ``tensor``'s bytes."""
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = info.get("location", "")
         path = self._resolve(location, where)
@@ -104,7 +183,7 @@ class ExternalData:
             raise ModelError(f"{where}: external data location {location!r} is not a regular file")
         return path
 
-    def _map(self, path: Path, location: str, where: str) -> mmap.mmap:
+    def _map(self, path: Path, location: str, where: str) -> MappedFile:
         if path not in self._maps:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
@@ -116,9 +195,10 @@ class ExternalData:
                     raise ModelError(f"{where}: external data location {location!r} is not a regular file")
                 if os.fstat(fd).st_size == 0:
                     raise ModelError(f"{where}: external data file {location!r} is empty")
-                self._maps[path] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._maps[path] = MappedFile(fd, path)
         return self._maps[path]
 
 

@@ -45,6 +45,13 @@ class ConstSource:
     def array(self) -> np.ndarray:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Drop what reading the data mapped into the resident set (nothing, unless the data is a mapped file)."""
+
+    def take(self, positions: np.ndarray) -> np.ndarray | None:
+        """The elements at these flat positions, read without mapping the data; None to read the array."""
+        return None
+
 
 @journaled
 class Value:
@@ -119,6 +126,21 @@ class Value:
             array = np.asarray(array)
             array.flags.writeable = False
         self._const = array
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        """The initializer's elements at these flat positions (a few, for a fingerprint), read from its file
+        without mapping it when it is mapped data, else from the array."""
+        if self._const is None and self._source is not None:
+            found = self._source.take(positions)
+            if found is not None:
+                return found
+        return np.asarray(self.const).reshape(-1)[positions]
+
+    def release_pages(self) -> None:
+        """After reading a few elements of a mapped weight: drop the pages the read mapped, so a pass that
+        samples every weight does not hold the whole model in its resident set."""
+        if self._source is not None:
+            self._source.release()
 
     @property
     def const_source(self) -> ConstSource | None:

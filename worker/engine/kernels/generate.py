@@ -26,7 +26,8 @@ from typing import Any, Iterable
 from onnx import defs
 
 from worker.engine.kernels import ports as P
-from worker.engine.kernels.ops import (ACTIVATIONS, NHWC_ARITY, NHWC_PREFIX, NHWC_SLOTS, QLINEAR_FORMS, is_layout_agnostic,
+from worker.engine.kernels.ops import (ACTIVATIONS, NHWC_ARITY, NHWC_PREFIX, NHWC_SLOTS, QLINEAR_FORMS, TRANSFORMER_OPS,
+                                is_layout_agnostic,
                                 nhwc_slots, qlinear_form)
 from worker.engine.kernels.schema import ANY, SAME, PortSpec
 from worker.engine.kernels.table import DATA_DIR
@@ -175,7 +176,7 @@ def _host_op(op: str, domain: str) -> list[dict]:
 
 def _host_own_spec() -> dict:
     return {
-        "ops": [{"domain": OWN, "ops": ["ChannelShuffle", *_all_fused()], "precisions": ["any"],
+        "ops": [{"domain": OWN, "ops": ["ChannelShuffle", *_all_fused(), *TRANSFORMER_OPS], "precisions": ["any"],
                  "types": ["bfloat16", "double", "float", "float16"],
                  "origin": "runs the op's function body (standard ops) with the reference kernels"},
                 {"domain": OWN, "ops": [f.name for f in QLINEAR_FORMS.values()], "precisions": ["int8"],
@@ -253,6 +254,8 @@ def _x86_own_spec() -> dict:
              "origin": "onnxruntime com.microsoft.FusedConv CPU kernel (Clip covers Relu6)"},
             {"domain": OWN, "ops": [f"FusedGemm{a}" for a in acts], "precisions": ["fp32"],
              "origin": "onnxruntime com.microsoft.FusedGemm CPU kernel (Clip covers Relu6)"},
+            {"domain": OWN, "ops": list(TRANSFORMER_OPS), "precisions": ["fp32"],
+             "origin": "onnxruntime inlines the op's function body (standard ops its CPU provider runs)"},
             {"domain": OWN, "ops": ["QLinearConv", "QLinearMatMul"], "precisions": ["int8"],
              "origin": "onnxruntime QLinearConv / QLinearMatMul CPU kernels (the float bias quantized to int32)"},
             {"domain": OWN, "ops": ["QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearSigmoid",
@@ -336,6 +339,9 @@ def _own_signature(op: str) -> tuple[list[str], list[str], set[int]]:
     """Formal inputs, outputs and optional input slots of an own-domain op."""
     if op == "ChannelShuffle":
         return ["X"], ["Y"], set()
+    if op in TRANSFORMER_OPS:
+        inputs, outputs = TRANSFORMER_OPS[op]
+        return list(inputs), list(outputs), set()
     form = qlinear_form(op)
     if form is not None:
         inputs = list(form.inputs)

@@ -125,6 +125,13 @@ def nhwc_slots(op: str, domain: str) -> tuple[tuple[int, ...], tuple[int, ...]] 
     return NHWC_SLOTS.get((op, domain))
 
 
+#: Own-domain transformer ops (mirserve_domain/fused.py TRANSFORMER_OPS): name -> (inputs, outputs).
+TRANSFORMER_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "Gelu": (("X",), ("Y",)), "GeluTanh": (("X",), ("Y",)), "RMSNorm": (("X", "scale"), ("Y",)),
+    "ScaledDotProductAttention": (("Q", "KT", "V", "mask"), ("Y",)),
+}
+
+
 def fused_op_names() -> list[str]:
     return [f"{base}{act}" for base in FUSED_BASES for act in ACTIVATIONS]
 

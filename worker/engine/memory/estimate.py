@@ -12,7 +12,7 @@ from typing import Mapping
 
 from worker.engine.ir import Graph, Node
 from worker.engine.memory.liveness import Liveness, analyze, is_view_op
-from worker.engine.memory.macs import node_macs
+from worker.engine.memory.macs import count_macs
 from worker.engine.memory.plan import ArenaPlan, aligned
 from worker.engine.memory.planner import plan_arena
 from worker.engine.memory.report import arena_report
@@ -197,22 +197,37 @@ def _shape_text(shape) -> str:
     return "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def macs_report(graph: Graph, sizing: Sizing) -> dict:
-    """MACs per node (bodies included, counted once) and their total; nodes whose shapes are unknown listed."""
+def macs_report(graph: Graph, sizing: Sizing, opset: int | None = None,
+                functions: Mapping[tuple[str, str], object] | None = None) -> dict:
+    """MACs per node (bodies included, counted once) and their total.
+
+    ``total`` is null, never a partial sum, when any node's count is unknown; ``known_total`` sums the nodes
+    that are known, and ``unknown`` lists the others, each with the reason.
+    """
     nodes, unknown = [], []
     for node in graph.all_nodes():
-        count = node_macs(node.op_type, node.domain, [sizing.shape(v) if v is not None else None
-                                                      for v in node.inputs],
-                          [sizing.shape(v) for v in node.outputs], {"transA": node.attr("transA", 0)})
+        count, reason = count_macs(node.op_type, node.domain,
+                                   [sizing.shape(v) if v is not None else None for v in node.inputs],
+                                   [sizing.shape(v) for v in node.outputs],
+                                   {name: attr.value for name, attr in node.attributes.items()},
+                                   input_types=[v.dtype if v is not None else 0 for v in node.inputs],
+                                   opset=opset, functions=functions)
         if count is None:
-            unknown.append(node.name)
+            unknown.append({"node": node.name, "op": _qualified(node), "reason": reason})
         elif count:
             nodes.append({"node": node.name, "op": node.op_type, "macs": count})
-    return {"total": sum(n["macs"] for n in nodes), "nodes": nodes, "unknown": unknown}
+    known = sum(n["macs"] for n in nodes)
+    return {"total": None if unknown else known, "known_total": known, "nodes": nodes, "unknown": unknown}
 
 
-def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}) -> tuple[dict, GraphPlan]:
-    """The report's ``memory`` section and the top-level plan behind it."""
+def _qualified(node: Node) -> str:
+    return f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+
+
+def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}, *, opset: int | None = None,
+                    functions: Mapping[tuple[str, str], object] | None = None) -> tuple[dict, GraphPlan]:
+    """The report's ``memory`` section and the top-level plan behind it (``opset`` and the model's own
+    ``functions`` by (domain, name) let MACs be counted inside function bodies)."""
     sizing = Sizing.from_bounds(graph, dim_bounds)
     plan = plan_graph(graph, sizing)
     arenas = [plan.arenas[space] for space in sorted(plan.arenas)]
@@ -221,7 +236,7 @@ def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}) -> tuple[d
         "weights_bytes": weights_by_space(graph, sizing),
         "io_bytes": io_bytes(graph, sizing),
         "paddle_lite_style_bytes": {a.space: a.paddle_lite_style_bytes for a in arenas},
-        "macs": macs_report(graph, sizing),
+        "macs": macs_report(graph, sizing, opset, functions),
         "unplanned": plan.unplanned + _io_unknown_entries(graph, sizing),
     }
     return section, plan

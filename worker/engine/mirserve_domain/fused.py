@@ -11,6 +11,10 @@ For the same reason every input is always passed (a zero bias for a conv without
     FusedGemm<Act>(A, B, C) -> Y           alpha, beta, transA, transB
     FusedMatMul<Act>(A, B) -> Y
     FusedAdd<Act>(A, B) -> C
+    Gelu(X), GeluTanh(X) -> Y             Gelu (opset 20) written out, for older opsets
+    RMSNorm(X, scale) -> Y                 epsilon: RMSNormalization (opset 23) over the last axis
+    ScaledDotProductAttention(Q, KT, V, mask) -> Y
+                                           scale: Attention (opset 23) with the keys transposed
     ChannelShuffle(X) -> Y                 group: X [N, C, ...] seen as [N, group, C/group, ...], the two
                                            group axes swapped, and read back in X's shape
     QLinear<Op>(operands with scales and zero points, output scale and zero point[, B]) -> 8-bit result
@@ -101,6 +105,49 @@ def _shuffle_body(body: BodyBuilder) -> None:
     body.op("Reshape", [swapped, shape], out="Y")
 
 
+#: Transformer ops the standard domain gained late (Gelu 20; RMSNormalization, Attention 23), as own-domain
+#: ops with their chains as bodies, for models whose opset is older (transformer_domain_fuse). name ->
+#: (inputs, attributes, description).
+TRANSFORMER_OPS = {
+    "Gelu": (("X",), {}, "0.5 * X * (1 + Erf(X / sqrt(2))) (the standard Gelu of opset 20)"),
+    "GeluTanh": (("X",), {}, "0.5 * X * (1 + Tanh(sqrt(2 / pi) * (X + 0.044715 * X ^ 3))) (Gelu, "
+                            "approximate=tanh, of opset 20)"),
+    "RMSNorm": (("X", "scale"), {"epsilon": A.FLOAT},
+                "X / Sqrt(ReduceMean(X * X, last axis) + epsilon) * scale (RMSNormalization of opset 23 over the "
+                "last axis)"),
+    "ScaledDotProductAttention": (("Q", "KT", "V", "mask"), {"scale": A.FLOAT},
+                                  "MatMul(Softmax(MatMul(Q, KT) * scale + mask, last axis), V): attention with "
+                                  "the keys given transposed and an additive mask (zero for none)"),
+}
+
+
+def _transformer_body(name: str, body: BodyBuilder) -> None:
+    body.require(13, name)  # Softmax over the last axis alone, ReduceMean axes as written
+    if name in ("Gelu", "GeluTanh"):
+        if name == "Gelu":
+            inner = body.op("Erf", [body.op("Mul", ["X", body.float_constant(0.7071067811865476, "X")])])
+        else:
+            cube = body.op("Mul", ["X", body.op("Mul", ["X", "X"])])
+            poly = body.op("Add", ["X", body.op("Mul", [cube, body.float_constant(0.044715, "X")])])
+            inner = body.op("Tanh", [body.op("Mul", [poly, body.float_constant(0.7978845608028654, "X")])])
+        one_plus = body.op("Add", [inner, body.float_constant(1.0, "X")])
+        half = body.op("Mul", ["X", body.float_constant(0.5, "X")])
+        body.op("Mul", [half, one_plus], out="Y")
+    elif name == "RMSNorm":
+        square = body.op("Mul", ["X", "X"])
+        if body.opset >= 18:
+            mean = body.op("ReduceMean", [square, body.constant(np.array([-1], dtype=np.int64))], keepdims=1)
+        else:
+            mean = body.op("ReduceMean", [square], axes=[-1], keepdims=1)
+        root = body.op("Sqrt", [body.op("Add", [mean, body.float_attribute("epsilon", "X")])])
+        body.op("Mul", [body.op("Div", ["X", root]), "scale"], out="Y")
+    else:
+        scores = body.op("MatMul", ["Q", "KT"])
+        scaled = body.op("Mul", [scores, body.float_attribute("scale", "Q")])
+        weights = body.op("Softmax", [body.op("Add", [scaled, "mask"])], axis=-1)
+        body.op("MatMul", [weights, "V"], out="Y")
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """What the passes need to know about one fused op besides its ONNX function."""
@@ -135,6 +182,9 @@ def _define_all() -> None:
                     f"{base.name} followed by {activation.name}, run as one kernel")
     _define("ChannelShuffle", ("X",), ("Y",), {"group": None}, _shuffle_body,
             "channel shuffle: Reshape to [N, group, C/group, ...], swap the group axes, Reshape back")
+    for name, (inputs, attributes, description) in TRANSFORMER_OPS.items():
+        _define(name, inputs, ("Y",), {attr: None for attr in attributes},
+                lambda body, n=name: _transformer_body(n, body), description)
     for form in QLINEAR_FORMS.values():
         _define(form.name, form.inputs, (form.output,), {name: None for name in QLINEAR_ATTRIBUTES.get(form.op, {})},
                 lambda body, f=form: _qlinear_body(f, body),

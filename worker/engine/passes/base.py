@@ -142,6 +142,9 @@ class PassContext:
     #: Names of nodes that must not compute in fp16 (auto mixed precision pins them after verification failed
     #: in fp16): kernel pick drops their fp16 candidates, taking fp16 inputs in fp32 through a calib.
     pinned_fp32: frozenset[str] = frozenset()
+    #: The passes the manager was asked to run in this run, in order (a pass may ask whether a later one,
+    #: such as kernel pick, will run; ``skip_reason`` says whether it would be skipped).
+    planned_passes: tuple[str, ...] = ()
 
     @property
     def graph(self) -> "Graph":

@@ -81,6 +81,7 @@ class PassManager:
         """Run the steps in order; returns (and keeps in ``self.trace``) the trace entries."""
         names = pass_names(steps)
         self._order = {name: i for i, name in enumerate(names, start=1)}
+        ctx.planned_passes = (*ctx.planned_passes, *names)
         for name in names:
             if name not in self.registry:
                 raise PassError(f"the pipeline names pass {name!r}, which is not registered")
@@ -191,6 +192,7 @@ class PassManager:
         started = time.perf_counter()
         entry["start"] = self._offset(started)
         result = self._run_journaled(ctx, pass_, entry)
+        ctx.model.release_pages()  # what the pass read of mapped weights leaves the resident set
         if result is None:  # failed and undone: instruments still see the graph (as it was before the pass)
             entry.update(seconds=round(time.perf_counter() - started, 6), nodes_after=len(graph),
                          values_after=graph.value_count)

@@ -79,12 +79,13 @@ CLEANUP: tuple[str, ...] = (
 #: first in each round: before any fold moves their constants into weights, and before a cleanup such as
 #: eliminate_reshape_before_binaryop reroutes one reader of a chain's input and so splits the chain (GPT-2's
 #: tanh Gelu reads one Reshape from three ops).
-CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse")
+CHAINS: tuple[str, ...] = ("layer_norm_fuse", "rms_norm_fuse", "gelu_fuse", "hard_swish_fuse", "transformer_domain_fuse")
 #: Fusions into standard ONNX ops (level 1) and replacements (level 2).
 #: Order: BatchNormalization absorbs its trailing affine before it folds into a conv.
 FUSE: tuple[str, ...] = (
     "pad_conv_fuse", "pad_pool_fuse", "bn_scale_fuse", "conv_scale_fuse", "conv_elementwise_fuse", "conv_bn_fuse",
     "fc_fuse", "gemm_bn_fuse", "fold_scale_axis", "split_fuse",
+    "rotary_embedding_fuse", "attention_fuse",
 )
 REPLACE: tuple[str, ...] = (
     "simplify_inference", "reduction_global_pool_replace", "adaptive_pool_global_replace",

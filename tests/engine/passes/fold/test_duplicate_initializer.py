@@ -65,3 +65,27 @@ def test_initializers_fed_as_inputs_do_not_merge(tmp_path):
                        [tensor("a", np.ones(2, np.float32)), tensor("b", np.ones(2, np.float32))])
     outcome = run(model, STEP, tmp_path)
     assert outcome.rewrites("eliminate_duplicate_initializer") == 0
+
+
+def test_a_mapped_weight_is_fingerprinted_from_its_file_as_its_array_would_be(tmp_path):
+    """The sample of a weight in external data is read with pread (no readahead window mapped into the
+    resident set) and equals the sample of the same array in memory, so the grouping is unchanged."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from worker.engine.ir import load_model
+    from worker.engine.passes.fold.eliminate_duplicate_initializer import value_key
+
+    array = np.random.default_rng(0).standard_normal((300, 70)).astype(np.float32)
+    (tmp_path / "w.bin").write_bytes(b"\0" * 10 + array.tobytes())
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[300, 70], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "10"), ("length", str(array.nbytes))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [300, 70])], [tensor])
+    onnx.save(helper.make_model(graph), str(tmp_path / "m.onnx"))
+    weight = load_model(tmp_path / "m.onnx", external_data_dir=tmp_path).graph.initializers["w"]
+    key = value_key(weight)
+    assert weight._const is None  # read from the file, not through the array
+    assert key == sample_key(array) and len(key) == 64 * 4

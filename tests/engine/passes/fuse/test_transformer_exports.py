@@ -4,6 +4,7 @@ committed in tests/engine/data/transformers). Raised to opset 23 and run at --po
 decomposed forms the fusions target, and every output agrees with the export's on onnxruntime."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -17,14 +18,17 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "transformers"
 EXPORTERS = ("dynamo", "torchscript")
 
 #: model -> the fused ops the one-layer export must end with (standard ops only), and the op types that
-#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models split q and k in halves.
+#: must be gone. An RMSNorm model has two per layer and one final norm; rotary models rotate q and k; one
+#: attention per layer (grouped-query ones without their repeat_kv Expand).
 EXPECTED = {
-    "bert": ({"Gelu": 1}, {"Erf", "Div"}),
-    "gpt2": ({"Gelu": 1}, {"Tanh", "Pow"}),
-    "phi": ({"Gelu": 1}, {"Tanh", "Pow", "Slice"}),
-    "llama": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
-    "qwen2": ({"RMSNormalization": 3, "Split": 2}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice"}),
-    "t5_encoder": ({"RMSNormalization": 3}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal"}),
+    "bert": ({"Gelu": 1, "Attention": 1}, {"Erf", "Div", "Softmax"}),
+    "gpt2": ({"Gelu": 1, "Attention": 1}, {"Tanh", "Pow", "Softmax"}),
+    "phi": ({"Gelu": 1, "RotaryEmbedding": 2, "Attention": 1}, {"Tanh", "Pow", "Slice", "Split", "Neg", "Softmax"}),
+    "llama": ({"RMSNormalization": 3, "RotaryEmbedding": 2, "Attention": 1},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg", "Softmax", "Expand"}),
+    "qwen2": ({"RMSNormalization": 3, "RotaryEmbedding": 2, "Attention": 1},
+              {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Div", "Slice", "Split", "Neg", "Softmax", "Expand"}),
+    "t5_encoder": ({"RMSNormalization": 3, "Attention": 1}, {"ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax"}),
 }
 CASES = [(model, exporter) for model in EXPECTED for exporter in EXPORTERS]
 
@@ -54,3 +58,48 @@ def test_at_the_exporters_opset_only_what_the_opset_has_is_fused(tmp_path, expor
     refusals = [r for entry in report["trace"] if entry["pass"] == "rms_norm_fuse" for r in entry.get("refusals", {})]
     opset = 20 if exporter == "dynamo" else 17
     assert any(f"RMSNormalization needs opset 23, and the model imports opset {opset}" in r for r in refusals)
+
+
+#: model -> the own-domain ops the default run (level 2, the export's own opset) must end with.
+DOMAIN_EXPECTED = {"llama": {"RMSNorm": 3, "ScaledDotProductAttention": 1},
+                   "t5_encoder": {"RMSNorm": 3, "ScaledDotProductAttention": 1},
+                   "gpt2": {"GeluTanh": 1, "ScaledDotProductAttention": 1}}
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("model", list(DOMAIN_EXPECTED))
+def test_default_run_at_opset_17_fuses_into_domain_ops_with_bodies(tmp_path, model):
+    """The TorchScript exports (opset 17) get no standard RMSNormalization, Gelu or Attention, so the default
+    run emits the mirserve ops, whose function bodies onnxruntime runs in verification."""
+    source = DATA / f"{model}.torchscript.onnx"
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(verify_runs=2))
+    assert report["verification"]["passed"], report["verification"]
+    saved = onnx.load(str(tmp_path / "out.onnx"))
+    ops = Counter(node.op_type for node in saved.graph.node if node.domain == "mirserve")
+    assert {op: ops[op] for op in DOMAIN_EXPECTED[model]} == DOMAIN_EXPECTED[model]
+    assert set(DOMAIN_EXPECTED[model]) <= {f.name for f in saved.functions}
+    assert "Softmax" not in {node.op_type for node in saved.graph.node}
+
+
+@pytest.mark.models
+def test_make_llama_fp16_with_static_input_gets_rotary_and_attention(tmp_path):
+    """bench/make_llama.py's Llama graph (fp16, Softmax in float between Casts, GQA 8/2 heads): with the input
+    shape given, every rotary and attention is fused at --portable --target-opset 23, and it verifies."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[4]
+    source = tmp_path / "llama.onnx"
+    subprocess.run([sys.executable, str(repo / "bench" / "make_llama.py"), str(source), "--layers", "2", "--hidden",
+                    "256", "--heads", "8", "--kv-heads", "2", "--intermediate", "688", "--vocab", "1000"],
+                   check=True, capture_output=True)
+    from worker.engine.api import run_cli
+
+    # The command line: external data is read only from a local model given there.
+    code = run_cli(["optimize", str(source), "-o", str(tmp_path / "out.onnx"), "--portable", "--target-opset", "23",
+                    "--input-shape", "input_ids=1,16", "--quiet", "--report", str(tmp_path / "report.json")])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 0 and report["verification"]["passed"], report["verification"]
+    ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node)
+    assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4, 2), ops
+    assert not ops["Softmax"] and not ops["Neg"] and not ops["Expand"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import all_models, model_id, shapes_for
+from tests.conftest import all_models, corpus_models, model_id, shapes_for
 from tests.engine.memory.plan_checker import check_memory_report
 from worker.engine.ir import load_model
 from worker.engine.options import OptimizeOptions
@@ -22,13 +22,18 @@ def batch_one(path: Path) -> dict:
     return {name: [1, *dims[1:]] for name, dims in shapes_for(path).items()}
 
 
-def memory_of(path: Path, disabled: tuple[str, ...] = ()) -> dict:
+def memory_of(path: Path, disabled: tuple[str, ...] = (), places: str | None = None) -> dict:
+    return run_of(path, disabled, places).report["memory"]
+
+
+def run_of(path: Path, disabled: tuple[str, ...] = (), places: str | None = None) -> PassContext:
     model = load_model(path)
-    options = OptimizeOptions(input_shapes=batch_one(path), disabled_passes=disabled)
+    options = OptimizeOptions(input_shapes=batch_one(path), disabled_passes=disabled,
+                              **({"places": places} if places else {}))
     apply_input_shapes(model.graph, options.input_shapes)
     ctx = PassContext(model, options, parse_places(options.places))
     PassManager().run(ctx, get_pipeline("default").steps_for(options))
-    return ctx.report["memory"]
+    return ctx
 
 
 @pytest.mark.parametrize("path", all_models(), ids=model_id)
@@ -65,3 +70,47 @@ def test_an_unread_output_of_unknown_size_is_left_out_without_blocking_the_arena
     assert (entry["kind"], entry["op"]) == ("unread_output", "Dropout")
     assert memory["arenas"][0]["space"] == "host"
     assert entry["value"] not in {v["name"] for v in memory["arenas"][0]["values"]}
+
+
+@pytest.mark.parametrize("path", all_models(), ids=model_id)
+def test_macs_are_the_same_on_an_nhwc_fp16_place_as_on_x86(path):
+    """MACs count the work of the model, not of its place: NHWC forms and fused ops count through their bodies."""
+    x86 = memory_of(path)["macs"]
+    arm_run = run_of(path, places="arm/fp16/nhwc,arm/fp32/nchw")
+    arm = arm_run.report["memory"]["macs"]
+    assert x86["unknown"] == [] and arm["unknown"] == []
+    assert arm["total"] == pytest.approx(x86["total"], rel=0.01) and x86["total"] > 0
+    nhwc = [n for n in arm_run.graph.all_nodes() if n.domain == "mirserve" and n.op_type.startswith("Nhwc")]
+    if any(n.op_type.startswith(("NhwcConv", "NhwcFusedConv")) for n in nhwc):  # the case the figures missed
+        counted = {n["node"] for n in arm["nodes"]}
+        assert all(n.name in counted for n in nhwc if "Conv" in n.op_type)
+
+
+@pytest.mark.parametrize("places", ["npu/int8/nchw,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw"])
+@pytest.mark.parametrize("path", corpus_models(), ids=model_id)
+def test_macs_are_the_same_on_the_other_done_when_places(path, places):
+    """Quantized forms (QLinearConv on the int8 place) and fused ops count what the float graph does."""
+    x86, other = memory_of(path)["macs"], memory_of(path, places=places)["macs"]
+    assert other["unknown"] == [] and x86["total"] > 0
+    assert other["total"] == pytest.approx(x86["total"], rel=0.01)
+
+
+@pytest.mark.models
+def test_fused_attention_counts_what_its_matmuls_did():
+    """BERT at opset 23: attention_fuse makes standard Attention nodes; their count equals the Q K^T and
+    weights x V MatMuls they replace, so the total does not move."""
+    path = next(p for p in all_models() if p.stem == "bert_small_dyn")
+
+    def macs(disabled: tuple[str, ...]) -> dict:
+        model = load_model(path, target_opset=23)
+        options = OptimizeOptions(input_shapes={"input_ids": [2, 64], "attention_mask": [2, 64]},
+                                  disabled_passes=disabled, target_opset=23)
+        apply_input_shapes(model.graph, options.input_shapes)
+        ctx = PassContext(model, options, parse_places(options.places))
+        PassManager().run(ctx, get_pipeline("default").steps_for(options))
+        return ctx.report["memory"]["macs"]
+
+    fused, unfused = macs(()), macs(("attention_fuse",))
+    attention = [n for n in fused["nodes"] if n["op"] == "Attention"]
+    assert attention and fused["unknown"] == [] and unfused["unknown"] == []
+    assert fused["total"] == unfused["total"]

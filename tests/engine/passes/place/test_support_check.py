@@ -41,27 +41,80 @@ def test_unsupported_ops_fail_with_one_message_listing_all(tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
-def test_check_support_only_reports_and_writes_nothing(tmp_path):
+def test_check_support_only_runs_up_to_kernel_pick_reports_and_writes_nothing(tmp_path):
     source = model_with_unknown_ops(tmp_path / "m.onnx")
-    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(check_support_only=True))
+    report = optimize(source, None, OptimizeOptions(check_support_only=True))
     support = report["support"]
-    assert support["supported"] is False and support["op_types"] == 3
-    assert support["unsupported"] == [{"op": "com.example.Blur", "nodes": ["blur"]},
-                                      {"op": "com.example.Frobnicate", "nodes": ["frob_1", "frob_2"]}]
-    assert [t["pass"] for t in report["trace"]] == ["type_inference", "support_check"]
-    assert report["model"]["output"] is None and not (tmp_path / "out.onnx").exists()
+    assert support["stage"] == "kernel_pick" and support["supported"] is False and support["op_types"] == 3
+    assert [(u["op"], u["nodes"]) for u in support["unsupported"]] == [
+        ("com.example.Blur", ["blur"]), ("com.example.Frobnicate", ["frob_1", "frob_2"])]
+    relu = next(r for r in support["ops"] if r["op"] == "Relu")
+    assert relu["nodes"] == 2 and relu["places"] == {"x86/fp32/nchw": 2} and relu["note"] is None
+    passes = [t["pass"] for t in report["trace"] if not t.get("skipped")]
+    assert passes[:3] == ["type_inference", "filter_pre", "support_check"] or "support_check" in passes
+    assert passes[-1] == "static_kernel_pick" and "memory_plan" not in passes
+    assert report["model"]["output"] is None and list(tmp_path.iterdir()) == [source]
 
 
+@pytest.mark.models
+def test_check_support_judges_the_graph_after_the_rewrites():
+    """PP-OCRv4 det on arm/fp16/nhwc alone: BatchNormalization has no kernel there but conv_bn_fuse folds it,
+    so it is not what fails; the mirserve ops fusions made, and Resize, have no place, and say why."""
+    report = optimize(CORPUS / "ch_PP-OCRv4_det_infer.onnx", None,
+                      OptimizeOptions(places="arm/fp16/nhwc", check_support_only=True,
+                                      input_shapes={"x": [1, 3, 640, 640]}))
+    support = report["support"]
+    assert support["removed_by_rewrites"] == ["BatchNormalization"]
+    unsupported = {u["op"] for u in support["unsupported"]}
+    assert "BatchNormalization" not in unsupported and "Resize" in unsupported
+    assert {"mirserve.FusedConvHardSigmoid", "mirserve.FusedConvTransposeSigmoid"} <= unsupported
+    rows = {r["op"]: r for r in support["ops"]}
+    note = rows["Resize"]["note"]
+    assert note.startswith("no place: its kernels run in ") and "arm/fp32/nchw" in note
+    assert "which no valid place allows" in note
+    assert rows["mirserve.FusedConvRelu"]["places"] == {"arm/fp16/nhwc": rows["mirserve.FusedConvRelu"]["nodes"]}
+    # The same run with the places the issue uses: every op placed, the host fallbacks named with the reason.
+    report = optimize(CORPUS / "ch_PP-OCRv4_det_infer.onnx", None,
+                      OptimizeOptions(places="arm/fp16/nhwc,arm/fp32/nchw", check_support_only=True,
+                                      input_shapes={"x": [1, 3, 640, 640]}))
+    support = report["support"]
+    assert support["supported"] is True and support["unsupported"] == []
+    hosted = [r for r in support["ops"] if all(p.startswith("host/") for p in r["places"])]
+    assert hosted and all(r["note"] == f"host fallback: no kernel for {r['op']} on arm" for r in hosted)
+
+
+@pytest.mark.models
 def test_cli_check_support(tmp_path, capsys):
     source = model_with_unknown_ops(tmp_path / "m.onnx")
-    assert main(["optimize", str(source), "-o", str(tmp_path / "o.onnx"), "--check-support"]) == 0
-    out = capsys.readouterr().out
-    assert "2 of 3 op types have no kernel" in out and "com.example.Frobnicate: frob_1, frob_2" in out
+    assert main(["optimize", str(source), "--check-support"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 of 3 op types have no kernel" in out
+    assert "com.example.Frobnicate 2 none no place: no kernel for com.example.Frobnicate on host or x86" in out
+    assert "Relu 2 x86/fp32/nchw x2" in out
     good = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
     assert main(["optimize", str(good), "-o", str(tmp_path / "o.onnx"), "--check-support",
                  "--places", "opencl/fp16/nchw,arm/fp32/nchw"]) == 0
-    assert "has a kernel in the valid places" in capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
+    assert "has a kernel in the valid places" in out and "mirserve.FusedConvRelu" in out
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_cli_needs_an_output_except_for_check_support(tmp_path, capsys):
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    with pytest.raises(SystemExit) as info:
+        main(["optimize", str(source)])
+    assert info.value.code == 2
+    assert "required: -o/--output (only --check-support writes nothing)" in capsys.readouterr().err
+
+
+@pytest.mark.models
+def test_cli_check_support_json_has_the_support_section(tmp_path, capsys):
+    good = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    assert main(["optimize", str(good), "--check-support", "--json", "--places", "npu/int8/nchw",
+                 "--no-host-fallback"]) == 2
+    support = json.loads(capsys.readouterr().out)["support"]
+    assert support["supported"] is False and support["unsupported"]
+    assert all(u["reasons"] for u in support["unsupported"])
 
 
 def test_no_host_fallback_drops_the_host_places(tmp_path):
@@ -75,16 +128,18 @@ def test_no_host_fallback_drops_the_host_places(tmp_path):
     assert "host/fp32/nchw" in report["places"]
     node = next(n for n in report["kernels"]["nodes"] if n["op"] == "And")
     assert node["place"] == "host/bool/nchw"
-    with pytest.raises(UnsupportedOpsError, match=r"And \(node "):
+    with pytest.raises(UnsupportedOpsError, match=r"And \(nodes and\): no kernel registered"):
         optimize(source, tmp_path / "out2.onnx", OptimizeOptions(places="arm/fp32/nchw", host_fallback=False))
     assert main(["optimize", str(source), "-o", str(tmp_path / "o.onnx"), "--places", "arm/fp32/nchw",
                  "--no-host-fallback"]) == 1
 
 
+@pytest.mark.models
 def test_every_corpus_op_is_supported_on_the_done_when_places(tmp_path):
     from tests.conftest import CORPUS_SHAPES
     for name in CORPUS_SHAPES:
-        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "x86/fp32/nchw"):
+        for places in ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "npu/int8/nchw,arm/fp32/nchw",
+                       "x86/fp32/nchw"):
             report = optimize(CORPUS / name, tmp_path / name,
                               OptimizeOptions(places=places, check_support_only=True,
                                               input_shapes=CORPUS_SHAPES[name]))
@@ -103,3 +158,35 @@ def test_targets_command_lists_each_targets_kernels(capsys):
     assert main(["targets"]) == 0
     text = capsys.readouterr().out
     assert "opencl (memory: opencl;" in text and "mirserve.io_copy" in text
+
+
+def test_targets_listings_one_target_all_ops_and_one_op(capsys):
+    """Paddle-Lite's --print_supported_ops (one target) and --print_all_ops (every op x every target)."""
+    assert main(["targets", "arm", "--json"]) == 0
+    (arm,) = json.loads(capsys.readouterr().out)
+    assert arm["name"] == "arm" and "arm:Conv:1-21:fp16:nhwc" in {k["id"] for k in arm["kernels"]}
+    assert main(["targets", "--ops", "--op", "Conv"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("op "))
+    assert header.split() == ["op", "host", "x86", "arm", "cuda", "opencl", "npu"]
+    assert "1 ops x 6 targets" in text
+    conv = next(line for line in lines if line.startswith("Conv "))
+    assert conv.split() == ["Conv", "Y", "Y", "Y*", "Y", "Y", "Y*"]
+    assert main(["targets", "--ops"]) == 0
+    matrix = " ".join(capsys.readouterr().out.split())
+    assert "mirserve.FusedConvHardSigmoid Y Y - - Y -" in matrix
+    assert main(["targets", "vulkan"]) == 1
+    assert "unknown target 'vulkan': the targets are host, x86" in capsys.readouterr().err
+    assert main(["targets", "--op", "com.example.Nothing"]) == 0
+    assert "no target has a kernel for com.example.Nothing" in capsys.readouterr().out
+
+
+def test_check_support_without_kernel_pick_checks_the_input_as_it_stands(tmp_path, capsys):
+    """At opt level 0 kernel pick does not run: the op types are checked before any rewrite, and said so."""
+    source = model_with_unknown_ops(tmp_path / "m.onnx")
+    report = optimize(source, None, OptimizeOptions(check_support_only=True, opt_level=0))
+    assert report["support"]["stage"] == "before_rewrites" and report["support"]["supported"] is False
+    assert "static_kernel_pick" not in [t["pass"] for t in report["trace"] if not t.get("skipped")]
+    assert main(["optimize", str(source), "--check-support", "--opt-level", "0"]) == 2
+    assert "com.example.Frobnicate: frob_1, frob_2" in capsys.readouterr().out

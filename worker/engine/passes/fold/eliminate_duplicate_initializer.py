@@ -21,6 +21,16 @@ from worker.engine.passes.registry import register_pass
 SAMPLE = 64
 
 
+def value_key(value: Value) -> bytes:
+    """``sample_key`` of an initializer, read from its file without mapping it when it is mapped data."""
+    source = value.const_source
+    if source is not None and value._const is None and source.shape and 0 not in source.shape:
+        size = int(np.prod(source.shape, dtype=np.int64))
+        positions = np.linspace(0, size - 1, num=min(size, SAMPLE)).astype(np.int64)
+        return np.asarray(value.take(positions)).tobytes()
+    return sample_key(value.const)
+
+
 def sample_key(array: np.ndarray) -> bytes:
     """A cheap fingerprint: a few evenly spaced elements, read without copying the array."""
     count = min(array.size, SAMPLE)
@@ -46,7 +56,7 @@ def merge_graph(graph: Graph) -> list[tuple[str, str]]:
             continue
         by_sample: dict[bytes, list[Value]] = defaultdict(list)
         for value in members:
-            by_sample[sample_key(value.const)].append(value)
+            by_sample[value_key(value)].append(value)
         for candidates in by_sample.values():
             merged.extend(_merge_equal(graph, candidates))
     return merged

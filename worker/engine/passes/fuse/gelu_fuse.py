@@ -11,38 +11,11 @@ runtime's Gelu instead of the chain (last-bit rounding).
 """
 from __future__ import annotations
 
-from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.activations import Form, Params, forms
-from worker.engine.passes.support.standard_ops import standard_op_refusal
-from worker.engine.passes.support.weights import FLOAT_TYPES
-from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
-
-
-class GeluChain(Rule):
-    def __init__(self, form: Form):
-        super().__init__()
-        self.form, self.name = form, form.name
-
-    def build_pattern(self) -> Pattern:
-        p = Pattern(self.name)
-        self.form.append(p, p.var("x"))
-        return p
-
-    def check(self, ctx: PassContext, match: Match) -> Params | str:
-        refusal = standard_op_refusal(ctx, "Gelu", 20)
-        if refusal:
-            return refusal
-        if match.value("x").dtype not in FLOAT_TYPES:
-            return f"the input of the Gelu chain at {describe(match.node('nonlinear'))} is not a float tensor"
-        return self.form.read(match, ctx.opset())
-
-    def rewrite(self, ctx: PassContext, match: Match, params: Params) -> Node:
-        attributes = {"approximate": "tanh"} if self.form.kind == "GeluTanh" else {}
-        return match.graph.add_node("Gelu", [match.value("x")], outputs=[match.value("out")],
-                                    name=match.node("nonlinear").name, attributes=attributes,
-                                    before=match.node("last"))
+from worker.engine.passes.support.activations import forms
+from worker.engine.passes.support.transformer_chains import GeluChain
+from worker.engine.pattern import apply_rules
 
 
 @register_pass(name="gelu_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,

@@ -35,7 +35,7 @@ def memory_plan(ctx: PassContext) -> PassResult:
     if samples and samples.get("dims"):
         section, plan = _plan_open_dims(ctx, samples)
     else:
-        section, plan = estimate_memory(ctx.graph, ctx.options.dim_bounds)
+        section, plan = estimate_memory(ctx.graph, ctx.options.dim_bounds, **_macs_context(ctx))
     ctx.report["memory"] = section
     result = PassResult()
     summary = in_place_summary(plan)
@@ -52,6 +52,11 @@ def memory_plan(ctx: PassContext) -> PassResult:
     return result
 
 
+def _macs_context(ctx: PassContext) -> dict:
+    """What MACs need to count inside function bodies: the opset and the model's own functions."""
+    return {"opset": ctx.opset(""), "functions": {(f.domain, f.name): f for f in ctx.model.functions}}
+
+
 def _plan_open_dims(ctx: PassContext, samples: dict):
     """The plan at the sample dims (or at the user's bounds of them), with formulas of the open dims."""
     bounds = ctx.options.dim_bounds
@@ -63,7 +68,7 @@ def _plan_open_dims(ctx: PassContext, samples: dict):
     def plan_at(point: dict[str, int]) -> Sample:
         with types_at(ctx.model, shapes(specs, {}, point), ctx.options.limits):
             usable = applicable_bounds(ctx.graph, bounds)
-            section, plan = estimate_memory(ctx.graph, usable)
+            section, plan = estimate_memory(ctx.graph, usable, **_macs_context(ctx))
             sizing = Sizing.from_bounds(ctx.graph, usable)
             sizes = {v.name: sizing.nbytes(v) for g in ctx.graph.all_graphs() for v in g.values()
                      if v.producer is not None}

@@ -8,4 +8,5 @@ from worker.engine.passes.mirserve_fuse import (  # noqa: F401  (registration)
     gemm_activation_fuse,
     qlinear_fuse,
     shuffle_channel_fuse,
+    transformer_domain_fuse,
 )

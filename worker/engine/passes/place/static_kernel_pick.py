@@ -236,7 +236,9 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
         for body in node.subgraphs():
             _pick_body(body, pick, ctx)
     if failures:
-        raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
+        ctx.report["pick_failures"] = failures  # --check-support reports them per op type and stops here
+        if not ctx.options.check_support_only:
+            raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
     result.data["picked"] = len(result.details)
     return result
 

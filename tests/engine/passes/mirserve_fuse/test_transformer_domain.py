@@ -1,0 +1,71 @@
+"""transformer_domain_fuse: Gelu, RMSNorm and attention chains in models whose opset predates the standard op
+become mirserve ops whose function bodies onnxruntime runs (outputs compared with the chain's); where the
+standard op is allowed the chain is left to the standard pass."""
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.passes.fuse.harness import optimize
+from tests.engine.passes.fuse.test_attention import attention_model
+from tests.engine.passes.fuse.test_gelu import erf_chain, tanh_chain
+from tests.engine.passes.fuse.test_rms_norm import rms_chain, floats, HIDDEN
+
+PASS = "transformer_domain_fuse"
+
+
+def domain_ops(out):
+    return [(node.domain, node.op_type) for node in out.model.graph]
+
+
+def own(out, op_type):
+    (node,) = [node for node in out.model.graph if node.op_type == op_type and node.domain == "mirserve"]
+    return node
+
+
+def test_erf_gelu_at_opset_17_becomes_the_domain_gelu(tmp_path):
+    out = optimize(tmp_path, erf_chain(opset=17), [PASS])
+    assert domain_ops(out) == [("mirserve", "Gelu")]
+
+
+def test_tanh_gelu_at_opset_17_becomes_the_domain_gelu_tanh(tmp_path):
+    model = tanh_chain("x_a_half")
+    model.opset_import[0].version = 17
+    out = optimize(tmp_path, model, [PASS])
+    assert domain_ops(out) == [("mirserve", "GeluTanh")]
+
+
+@pytest.mark.parametrize("inverse", ["reciprocal", "div_one", "div"])
+def test_rms_norm_at_opset_18_becomes_the_domain_rms_norm(tmp_path, inverse):
+    out = optimize(tmp_path, rms_chain(opset=18, inverse=inverse), [PASS])
+    assert domain_ops(out) == [("mirserve", "RMSNorm")]
+    assert own(out, "RMSNorm").attr("epsilon") == pytest.approx(1e-6)
+
+
+def test_rms_norm_over_two_axes_is_refused(tmp_path):
+    out = optimize(tmp_path, rms_chain(opset=18, axes=(1, 2), gamma=floats(5, HIDDEN, seed=4)), [PASS])
+    assert "RMSNorm" not in out.ops and out.refused("normalizes more than the last axis")
+
+
+@pytest.mark.parametrize("masks", [0, 1, 2])
+def test_attention_at_opset_18_becomes_the_domain_attention(tmp_path, masks):
+    out = optimize(tmp_path, attention_model(opset=18, masks=masks), [PASS])
+    assert sorted(out.ops) == sorted(["Transpose", "ScaledDotProductAttention"] + ["Add"] * (masks == 2))
+    node = own(out, "ScaledDotProductAttention")
+    assert node.attr("scale") == pytest.approx(0.35355)
+    assert len(node.inputs) == 4
+
+
+def test_grouped_query_attention_keeps_repeat_kv_in_front(tmp_path):
+    out = optimize(tmp_path, attention_model(opset=18, gqa=True), [PASS])
+    assert "ScaledDotProductAttention" in out.ops and out.ops.count("Expand") == 2
+
+
+def test_where_the_standard_op_is_allowed_nothing_happens_and_nothing_is_said(tmp_path):
+    out = optimize(tmp_path, rms_chain(opset=23), [PASS])
+    assert "RMSNorm" not in out.ops and not out.refusals(PASS)
+
+
+def test_no_body_below_opset_13(tmp_path):
+    out = optimize(tmp_path, erf_chain(opset=12), [PASS])
+    assert "Gelu" not in out.ops
+    assert out.refused("the mirserve.Gelu body cannot be written: Gelu needs opset 13 or later")

@@ -1,0 +1,20 @@
+"""A job's summary keeps MACs null, never 0, when the engine could not count them, and says why."""
+from worker.engine.summary import build_summary
+from worker.jobs.report import Report
+
+
+def test_unknown_macs_reach_the_job_summary_as_null_with_the_reasons():
+    memory = {"macs": {"total": None, "known_total": 5000, "nodes": [{"node": "c", "op": "Conv", "macs": 5000}],
+                       "unknown": [{"node": "x", "op": "com.acme.Op",
+                                    "reason": "com.acme.Op is neither a standard op nor defined by a function, "
+                                              "so its MACs are unknown"}]}}
+    report = {"memory": memory}
+    report["summary"] = build_summary(report)
+    summary = Report.model_validate(report).summary()
+    assert summary["macs"] is None
+    assert summary["macs_unknown"] == ["com.acme.Op is neither a standard op nor defined by a function, so its "
+                                       "MACs are unknown (node x)"]
+    known = {"memory": {"macs": {"total": 5000, "known_total": 5000, "nodes": [], "unknown": []}}}
+    known["summary"] = build_summary(known)
+    summary = Report.model_validate(known).summary()
+    assert summary["macs"] == 5000 and summary["macs_unknown"] == []

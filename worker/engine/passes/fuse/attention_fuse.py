@@ -1,0 +1,89 @@
+"""attention_fuse: scaled dot-product attention written out as MatMul/Softmax/MatMul becomes the Attention op
+(opset 23+), and grouped-query attention's repeat_kv goes into the op.
+
+    s = MatMul(q, kT) [* c | / c] [+ mask [+ mask2]]
+    y = MatMul(Softmax(s, axis=-1), v)        ->  Attention(q, Transpose(kT, [0, 1, 3, 2]), v, mask, scale=c)
+
+q (batch, q_heads, seq, head), kT (batch, kv_heads, head, kv_seq) and v (batch, kv_heads, kv_seq, v_head) are
+4-D with static head counts and head sizes and equal batches (batch and sequence may be symbolic), and q_heads a multiple of kv_heads (the op repeats each KV head
+for q_heads / kv_heads consecutive query heads, as the transformers library's repeat_kv does). The key
+transpose the op needs is emitted as a Transpose of kT; consecutive-transpose fusion then cancels it against
+the Transpose that made kT (BERT's (0, 2, 3, 1), Llama's (0, 1, 3, 2)). The scale is a scalar constant (1
+without one: BERT's dynamo export folds it into the query weights); two added masks (T5's position bias and
+its padding mask) become one Add feeding attn_mask. Masks here are the exporters' additive float masks;
+causal masking is part of them, so is_causal stays 0. A half-precision model that casts the scores to float
+for the Softmax and back (bench/make_llama.py) gets softmax_precision=1 (float), which is what the op means by it.
+
+    Attention(q, Reshape(Expand(Unsqueeze(k, [2]), [b, kv, n, s, d]), [b, kv * n, s, d]), ...)
+                                              ->  Attention(q, k, ...)       (the same for v)
+
+The repeat_kv the op does itself. Preconditions: the Unsqueeze inserts axis 2 of a 4-D k, the Expand's
+output is (b, kv, n, s, d) and the Reshape's (b, kv * n, s, d), all static.
+
+Refused before opset 23 (``--target-opset 23`` raises it), where no valid place has an Attention kernel, and
+when a precondition above fails, each with a sentence. Numeric effect: one kernel computes the same products
+and softmax; results differ from the chain in the last bits (a masked row's -inf-like fill and, with two
+masks, the order of the two additions).
+"""
+from __future__ import annotations
+
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support.operands import int_list
+from worker.engine.passes.support.transformer_chains import ScaledDotProduct, static4
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
+
+
+class RepeatKV(Rule):
+    """Both the keys and the values repeated (the op needs them with the same head count)."""
+
+    name = "attention_repeat_kv"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        repeated = []
+        for which in ("k", "v"):
+            unsqueezed = p.Unsqueeze(p.var(which), None, key=f"{which}_unsqueeze")
+            expanded = p.Expand(unsqueezed, None, key=f"{which}_expand")
+            repeated.append(p.Reshape(expanded, None, key=f"{which}_reshape"))
+        p.Attention(None, *repeated, key="attention", out="out")
+        return p
+
+    def _refusal(self, match: Match, which: str) -> str | None:
+        kv, reshape = match.value(which), match.node(f"{which}_reshape")
+        unsqueeze = match.node(f"{which}_unsqueeze")
+        shape, repeated = static4(kv), static4(reshape.outputs[0])
+        expanded = match.node(f"{which}_expand").outputs[0].shape
+        axes = int_list(unsqueeze.input(1)) if len(unsqueeze.inputs) > 1 else unsqueeze.attr("axes")
+        if shape is None or repeated is None or expanded is None or list(axes or []) not in ([2], [-3]):
+            return f"{describe(reshape)} does not repeat the heads of a 4-D {kv.name!r} of static shape"
+        b, h, s, d = shape
+        n = repeated[1] // h if h else 0
+        if not (n and tuple(expanded) == (b, h, n, s, d) and repeated == (b, h * n, s, d)):
+            return f"{describe(reshape)} does not repeat each head of {kv.name!r} {list(shape)} consecutively"
+        return None
+
+    def check(self, ctx: PassContext, match: Match) -> bool | str:
+        refusal = self._refusal(match, "k") or self._refusal(match, "v")
+        if refusal:
+            return refusal
+        if match.value("k").shape[1] != match.value("v").shape[1]:
+            return f"the keys and values of {describe(match.node('attention'))} repeat different head counts"
+        return True
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
+        attention = match.node("attention")
+        attention.set_input(1, match.value("k"))
+        attention.set_input(2, match.value("v"))
+        return attention
+
+
+@register_pass(name="attention_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
+               description="turn scaled dot-product attention written out as MatMul/Softmax/MatMul, with its "
+                           "masks and grouped-query repeat_kv, into Attention (opset 23+)")
+def attention_fuse(ctx: PassContext) -> PassResult:
+    # The longest chains first, so a scale or mask goes into the op rather than staying before it.
+    rules = [ScaledDotProduct(scale, masks, float_softmax) for float_softmax in (True, False) for masks in (2, 1, 0)
+             for scale in ("mul", "div", "none")]
+    return apply_rules(ctx, [*rules, RepeatKV()])

@@ -1,0 +1,229 @@
+"""rotary_embedding_fuse: rotary position embedding written out with halves, a negation and a concat becomes
+the RotaryEmbedding op (opset 23+).
+
+    a, b = Split(x, [d/2, d/2], axis=-1)
+    y = x * cos + Concat(-b, a, axis=-1) * sin                  ->  RotaryEmbedding(x, cos_cache, sin_cache)
+
+    r, rest = Split(x, [rot, d - rot], axis=-1)                 (partial rotary: GPT-NeoX, Phi)
+    y = Concat(rotary(r), rest, axis=-1)                        ->  RotaryEmbedding(x, ..., rotary_embedding_dim=rot)
+
+x is (batch, heads, seq, head) (the transformers library's rotate-half, after split_fuse turned its two
+Slices into a Split). cos and sin must be constants (static-shape exports fold them) that broadcast to x,
+do not vary along the heads, and repeat their first half in the second (cos = cat(freqs, freqs).cos(): the op
+takes each frequency once); the caches become (batch, seq, rot/2), so batch and seq must be static. Refused
+before opset 23 (``--target-opset 23`` raises it), where no valid place has a RotaryEmbedding kernel, and
+when any of the above does not hold, each with a sentence. The interleaved form (GPT-J's rotate_every_two:
+even and odd elements by step-2 Slices, the negated odd ones and the even ones stacked on a new last axis and
+flattened back) becomes the op with interleaved=1, its cos and sin repeating each value in its odd neighbour. Numeric effect: the op computes cos * x1 - sin * x2 and sin * x1 + cos * x2 in one kernel; the same
+products and sums as the chain, so results agree to the last bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support.operands import int_list, ints_input_or_attr, slice_arguments
+from worker.engine.passes.support.standard_ops import standard_op_refusal
+from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
+
+#: Opset from which Split takes ``split`` as an input instead of an attribute.
+SPLIT_AS_INPUT_SINCE = 13
+
+
+def split_lengths(node: Node, dim: int, opset: int) -> list[int] | None:
+    """The lengths the two-output Split ``node`` cuts a dim of ``dim`` elements into, or None."""
+    lengths = ints_input_or_attr(node, 1, "split", opset, SPLIT_AS_INPUT_SINCE)
+    if lengths is None:
+        if len(node.inputs) > 1 and node.inputs[1] is not None:
+            return None  # lengths computed at run time
+        lengths = [-(-dim // 2), dim - -(-dim // 2)]  # no split: equal parts, the last one smaller
+    return list(lengths) if len(lengths) == 2 and sum(lengths) == dim else None
+
+
+def last_axis(node: Node, rank: int) -> bool:
+    axis = node.attr("axis", 0)
+    return axis is not None and axis % rank == rank - 1
+
+
+def cache(factor: np.ndarray, shape: tuple[int, ...], rot: int, interleaved: bool = False) -> np.ndarray | None:
+    """The (batch, seq, rot/2) cache of a cos or sin factor that broadcasts to x's rotated part ``shape``
+    (batch, heads, seq, rot), is the same for every head and repeats its first half (``interleaved``: each
+    even element in the odd one after it); else None."""
+    if factor.ndim > 4:
+        return None
+    factor = factor.reshape((1,) * (4 - factor.ndim) + factor.shape)
+    try:
+        np.broadcast_shapes(factor.shape, shape)
+    except ValueError:
+        return None
+    if factor.shape[3] != rot or np.broadcast_shapes(factor.shape, shape) != tuple(shape):
+        return None
+    if factor.shape[1] != 1 and not (factor == factor[:, :1]).all():
+        return None
+    half = rot // 2
+    if interleaved:
+        first, second = factor[:, 0, :, 0::2], factor[:, 0, :, 1::2]
+    else:
+        first, second = factor[:, 0, :, :half], factor[:, 0, :, half:]
+    if not np.array_equal(first, second):
+        return None
+    return np.ascontiguousarray(np.broadcast_to(first, (shape[0], shape[2], half)))
+
+
+class RotateHalf(Rule):
+    def __init__(self, partial: bool):
+        super().__init__()
+        self.partial = partial
+        self.name = "rotary_rotate_half_partial" if partial else "rotary_rotate_half"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        x = p.var("x")
+        if self.partial:
+            rotated, rest = p.Split(x, None, outputs=2, key="outer_split")
+        else:
+            rotated = x
+        first, second = p.Split(rotated, None, outputs=2, key="split")
+        swapped = p.Concat(p.Neg(second, key="neg"), first, key="concat")
+        with_cos = p.Mul(rotated, p.var("cos"), key="mul_cos", commutative=True)
+        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
+        last = None if self.partial else "out"
+        rotary = p.Add(with_cos, with_sin, key="add", commutative=True, out=last)
+        if self.partial:
+            p.Concat(rotary, rest, key="join", out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple[int, np.ndarray, np.ndarray] | str:
+        """(rotary dim, cos cache, sin cache), or why the chain is not a RotaryEmbedding."""
+        refusal = standard_op_refusal(ctx, "RotaryEmbedding", 23)
+        if refusal:
+            return refusal
+        x, split = match.value("x"), match.node("split")
+        shape = x.shape
+        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or \
+                not all(isinstance(d, int) for d in shape):
+            return (f"the input {x.name!r} of the rotary chain at {describe(split)} is not a float tensor of "
+                    f"static shape (batch, heads, seq, head)")
+        head, opset = shape[3], ctx.opset()
+        rot = head
+        if self.partial:
+            outer = split_lengths(match.node("outer_split"), head, opset)
+            if outer is None or not last_axis(match.node("outer_split"), 4) or not last_axis(match.node("join"), 4):
+                return (f"{describe(match.node('outer_split'))} and {describe(match.node('join'))} do not cut off "
+                        f"and put back the rotated head dims")
+            rot = outer[0]
+        halves = split_lengths(split, rot, opset)
+        if halves is None or halves[0] != halves[1] or not last_axis(split, 4):
+            return f"{describe(split)} does not cut the rotated head dims of {x.name!r} in two halves"
+        if not last_axis(match.node("concat"), 4):
+            return f"{describe(match.node('concat'))} does not join along the head dims"
+        rotated_shape = (*shape[:3], rot)
+        caches = []
+        for key in ("cos", "sin"):
+            factor = match.value(key).constant_value()
+            if factor is None:
+                return f"the {key} factor {match.value(key).name!r} is not a constant"
+            found = cache(factor, rotated_shape, rot)
+            if found is None:
+                return (f"the {key} factor {match.value(key).name!r} does not broadcast to {list(rotated_shape)} "
+                        f"the same for every head with its first half repeated in its second")
+            caches.append(found.astype(numpy_dtype(x.dtype)))
+        return rot, caches[0], caches[1]
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, np.ndarray, np.ndarray]) -> Node:
+        rot, cos, sin = plan
+        graph, anchor = match.graph, match.node("add")
+        inputs = [match.value("x"), graph.add_initializer(f"{anchor.name}_cos_cache", cos),
+                  graph.add_initializer(f"{anchor.name}_sin_cache", sin)]
+        attributes = {"rotary_embedding_dim": rot} if self.partial else {}
+        last = match.node("join") if self.partial else anchor
+        return graph.add_node("RotaryEmbedding", inputs, outputs=[match.value("out")], name=anchor.name,
+                              before=last, attributes=attributes)
+
+
+def every_other(node: Node, start: int, dim: int, opset: int) -> bool:
+    """Whether the Slice ``node`` takes the elements start, start + 2, ... of the last of 4 axes (dim ``dim``)."""
+    arguments = slice_arguments(node, opset)
+    if isinstance(arguments, str):
+        return False
+    starts, ends, axes, steps = arguments
+    return len(starts) == 1 and starts[0] == start and ends[0] >= dim and (axes or [0])[0] % 4 == 3 \
+        and (steps or [1])[0] == 2
+
+
+class RotateEveryTwo(Rule):
+    """The interleaved form (GPT-J's rotate_every_two): pairs (x[2i], x[2i+1]) rotate together.
+
+        a = x[..., 0::2], b = x[..., 1::2]
+        y = x * cos + Reshape(Concat(Unsqueeze(-b, -1), Unsqueeze(a, -1), axis=-1), x.shape) * sin
+                                                 ->  RotaryEmbedding(x, cos_cache, sin_cache, interleaved=1)
+
+    cos and sin repeat each frequency in two neighbours (repeat_interleave); the caches take the even ones."""
+
+    name = "rotary_rotate_every_two"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        x = p.var("x")
+        even = p.Slice(x, None, None, None, None, key="even")
+        odd = p.Slice(x, None, None, None, None, key="odd")
+        pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
+                         p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
+        swapped = p.Reshape(pairs, None, key="flatten")
+        with_cos = p.Mul(x, p.var("cos"), key="mul_cos", commutative=True)
+        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
+        p.Add(with_cos, with_sin, key="add", commutative=True, out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple[int, np.ndarray, np.ndarray] | str:
+        refusal = standard_op_refusal(ctx, "RotaryEmbedding", 23)
+        if refusal:
+            return refusal
+        x, opset = match.value("x"), ctx.opset()
+        shape = x.shape
+        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or \
+                not all(isinstance(d, int) for d in shape) or shape[3] % 2:
+            return (f"the input {x.name!r} of the rotary chain at {describe(match.node('concat'))} is not a float "
+                    f"tensor of static shape (batch, heads, seq, head) with an even head size")
+        head = shape[3]
+        if not every_other(match.node("even"), 0, head, opset) or not every_other(match.node("odd"), 1, head, opset):
+            return (f"{describe(match.node('even'))} and {describe(match.node('odd'))} do not take the even and odd "
+                    f"head dims of {x.name!r}")
+        for key in ("unsqueeze_odd", "unsqueeze_even"):
+            node = match.node(key)
+            axes = int_list(node.input(1)) if len(node.inputs) > 1 else node.attr("axes")
+            if list(axes or []) not in ([-1], [4]):
+                return f"{describe(node)} does not add a last axis"
+        if match.node("concat").attr("axis", 0) % 5 != 4 or match.node("flatten").outputs[0].shape != shape:
+            return (f"{describe(match.node('concat'))} and {describe(match.node('flatten'))} do not interleave the "
+                    f"pairs back into {list(shape)}")
+        caches = []
+        for key in ("cos", "sin"):
+            factor = match.value(key).constant_value()
+            if factor is None:
+                return f"the {key} factor {match.value(key).name!r} is not a constant"
+            found = cache(factor, tuple(shape), head, interleaved=True)
+            if found is None:
+                return (f"the {key} factor {match.value(key).name!r} does not broadcast to {list(shape)} the same "
+                        f"for every head with each value repeated in its odd neighbour")
+            caches.append(found.astype(numpy_dtype(x.dtype)))
+        return head, caches[0], caches[1]
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, np.ndarray, np.ndarray]) -> Node:
+        _, cos, sin = plan
+        graph, anchor = match.graph, match.node("add")
+        inputs = [match.value("x"), graph.add_initializer(f"{anchor.name}_cos_cache", cos),
+                  graph.add_initializer(f"{anchor.name}_sin_cache", sin)]
+        return graph.add_node("RotaryEmbedding", inputs, outputs=[match.value("out")], name=anchor.name,
+                              before=anchor, attributes={"interleaved": 1})
+
+
+@register_pass(name="rotary_embedding_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
+               description="turn rotary embedding written out as halves, Neg, Concat, Mul and Add into "
+                           "RotaryEmbedding (opset 23+)")
+def rotary_embedding_fuse(ctx: PassContext) -> PassResult:
+    # Partial first, so its Concat goes into the op rather than staying behind it.
+    return apply_rules(ctx, [RotateHalf(partial=True), RotateHalf(partial=False), RotateEveryTwo()])

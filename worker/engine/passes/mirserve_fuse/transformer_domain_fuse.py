@@ -1,0 +1,114 @@
+"""transformer_domain_fuse: the transformer chains whose standard op the model's opset does not have yet become
+ops of the project's domain, each defined by its chain as a function body (onnxruntime's extended level does
+the same with its com.microsoft contrib ops, which only onnxruntime runs).
+
+    Gelu chain (erf / tanh)         ->  mirserve.Gelu(x) / mirserve.GeluTanh(x)        (standard Gelu: opset 20)
+    RMSNorm chain over the last axis ->  mirserve.RMSNorm(x, scale, epsilon)            (RMSNormalization: 23)
+    MatMul(q, kT) [* c] [+ mask]... Softmax, MatMul(., v)
+                                    ->  mirserve.ScaledDotProductAttention(q, kT, v, mask, scale)  (Attention: 23)
+
+The chains, and every precondition but the opset, are those of gelu_fuse, rms_norm_fuse and attention_fuse;
+a chain whose standard op the model may have is left to those passes (this one says nothing about it), and
+``--target-opset`` still gives standard ops. The attention op takes the keys as transposed as the chain
+reads them and an additive mask (a zero scalar without one; two masks summed first), so its body is the
+chain itself; grouped-query repeat_kv stays in front of it. RMSNorm normalizes over the last axis only.
+Level 2, skipped with --portable. Refused where the body cannot be written (opset below 13: Softmax over
+one axis) or no valid place has a kernel for the op. Numeric effect: the body's ops in place of the chain's
+(x * x for Pow(x, 2), a division for a reciprocal times, a product by 1 / c for a division by c): last bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from worker.engine.ir import Node
+from worker.engine.mirserve_domain.ops import DOMAIN
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support.activations import forms
+from worker.engine.passes.support.mirserve_ops import emit_refusal
+from worker.engine.passes.support.normalization import affine_constant, scalar
+from worker.engine.passes.support.standard_ops import standard_op_refusal
+from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct, broadcast
+from worker.engine.passes.support.weights import numpy_dtype
+from worker.engine.pattern import Match, apply_rules, describe
+
+
+def _domain_check(rule, ctx: PassContext, match: Match, standard: str, since: int, op: str, dtype: int):
+    """None when the standard op may be emitted (its pass's job), else a refusal or the rule's plan."""
+    if standard_op_refusal(ctx, standard, since) is None:
+        return None
+    return emit_refusal(ctx, op, dtype) or rule.plan(ctx, match)
+
+
+class DomainGelu(GeluChain):
+    def __init__(self, form):
+        super().__init__(form)
+        self.name = f"{form.name}_domain"
+        self.op = "GeluTanh" if form.kind == "GeluTanh" else "Gelu"
+
+    def check(self, ctx: PassContext, match: Match):
+        return _domain_check(self, ctx, match, "Gelu", 20, self.op, match.value("x").dtype)
+
+    def rewrite(self, ctx: PassContext, match: Match, params) -> Node:
+        return match.graph.add_node(self.op, [match.value("x")], outputs=[match.value("out")], domain=DOMAIN,
+                                    name=match.node("nonlinear").name, before=match.node("last"))
+
+
+class DomainRMSNorm(RMSNormChain):
+    def __init__(self, square: str, inverse: str, has_scale: bool):
+        super().__init__(square, inverse, has_scale)
+        self.name = f"{self.name}_domain"
+
+    def check(self, ctx: PassContext, match: Match):
+        plan = _domain_check(self, ctx, match, "RMSNormalization", 23, "RMSNorm", match.value("x").dtype)
+        if isinstance(plan, int) and not isinstance(plan, bool) and plan != len(match.value("x").shape) - 1:
+            return f"{describe(match.node('mean_op'))} normalizes more than the last axis"
+        return plan
+
+    def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
+        x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
+        dtype = numpy_dtype(x.dtype)
+        if self.has_scale:
+            gamma = affine_constant(match.value("gamma"), x.shape, axis).astype(dtype)
+        else:
+            gamma = np.ones(x.shape[axis:], dtype)
+        scale = graph.add_initializer(f"{anchor.name}_scale", gamma)
+        return graph.add_node("RMSNorm", [x, scale], outputs=[match.value("out")], name=anchor.name, domain=DOMAIN,
+                              before=anchor, attributes={"epsilon": scalar(match.value("eps"))})
+
+
+class DomainAttention(ScaledDotProduct):
+    def __init__(self, scale: str, masks: int):
+        super().__init__(scale, masks)
+        self.name = f"{self.name}_domain"
+
+    def check(self, ctx: PassContext, match: Match):
+        return _domain_check(self, ctx, match, "Attention", 23, "ScaledDotProductAttention", match.value("q").dtype)
+
+    def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
+        graph, anchor, q = match.graph, match.node("pv"), match.value("q")
+        created = []
+        if self.masks == 2:
+            masks = [match.value("mask0"), match.value("mask1")]
+            created.append(graph.add_node("Add", masks, outputs=1, name=f"{anchor.name}_mask", before=anchor))
+            mask = created[-1].outputs[0]
+            mask.dtype, mask.shape = masks[0].dtype, broadcast(masks[0].shape, masks[1].shape)
+        elif self.masks == 1:
+            mask = match.value("mask0")
+        else:
+            mask = graph.add_initializer(f"{anchor.name}_no_mask", np.zeros((), numpy_dtype(q.dtype)))
+        created.append(graph.add_node("ScaledDotProductAttention", [q, match.value("kt"), match.value("v"), mask],
+                                      outputs=[match.value("out")], name=anchor.name, domain=DOMAIN,
+                                      before=anchor, attributes={"scale": float(scale)}))
+        return created
+
+
+@register_pass(name="transformer_domain_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=2, portable=False,
+               description="Gelu, RMSNorm and attention chains whose standard op needs a newer opset -> "
+                           "mirserve.Gelu / GeluTanh / RMSNorm / ScaledDotProductAttention")
+def transformer_domain_fuse(ctx: PassContext) -> PassResult:
+    rules = [DomainRMSNorm(square, inverse, has_scale) for has_scale in (True, False)
+             for inverse in INVERSES for square in ("pow", "mul")]
+    rules += [DomainGelu(form) for form in forms("gelu_erf", "gelu_tanh")]
+    rules += [DomainAttention(scale, masks) for masks in (2, 1, 0) for scale in ("mul", "div", "none")]
+    return apply_rules(ctx, rules)

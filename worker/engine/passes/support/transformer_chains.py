@@ -1,0 +1,209 @@
+"""The transformer chains the fusions into standard ops (gelu_fuse, rms_norm_fuse, attention_fuse) and into
+the project's domain (transformer_domain_fuse) share: each rule's pattern, its ``check`` for the standard op
+(the opset and kernel gate, then ``plan``), ``plan`` (every structural precondition, whatever op the chain
+becomes) and its standard-op ``rewrite``. The pass modules document the forms and preconditions."""
+from __future__ import annotations
+
+import numpy as np
+
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext
+from worker.engine.passes.support.activations import Form, Params
+from worker.engine.passes.support.normalization import affine_constant, normalized_axes, scalar, trailing_axis
+from worker.engine.passes.support.standard_ops import standard_op_refusal
+from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
+from worker.engine.pattern import Match, Pattern, Rule, describe
+
+
+#: The three spellings of x / r: times Reciprocal(r), times Div(1, r), and Div(x, r).
+INVERSES = ("reciprocal", "div_one", "div")
+
+
+class RMSNormChain(Rule):
+    def __init__(self, square: str, inverse: str, has_scale: bool):
+        super().__init__()
+        self.square, self.inverse, self.has_scale = square, inverse, has_scale
+        self.name = f"rms_norm_{square}_{inverse}_{'scale' if has_scale else 'none'}"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        x = p.var("x")
+        square = p.Pow(x, p.var("two"), key="square_op") if self.square == "pow" else p.Mul(x, x, key="square_op")
+        mean_square = p.Add(p.ReduceMean(square, key="mean_op"), p.var("eps"), key="add_eps", commutative=True)
+        root = p.Sqrt(mean_square, key="sqrt")
+        last = None if self.has_scale else "out"
+        if self.inverse == "div":
+            normalized = p.Div(x, root, key="normalize", out=last)
+        else:
+            inverse = p.Reciprocal(root, key="inverse") if self.inverse == "reciprocal" else \
+                p.Div(p.var("one"), root, key="inverse")
+            normalized = p.Mul(x, inverse, key="normalize", commutative=True, out=last)
+        if self.has_scale:
+            p.Mul(normalized, p.var("gamma"), key="scale", commutative=True, out="out")
+        return p
+
+    def _axis(self, ctx: PassContext, match: Match) -> int | None:
+        x = match.value("x")
+        if x.shape is None or x.dtype not in FLOAT_TYPES:
+            return None
+        rank = len(x.shape)
+        axis = trailing_axis(normalized_axes(match.node("mean_op"), ctx.opset(), rank), rank)
+        if axis is None or not all(isinstance(d, int) for d in x.shape[axis:]):
+            return None
+        return axis
+
+    def check(self, ctx: PassContext, match: Match) -> int | str:
+        """The first normalized axis, or why the chain is not an RMSNormalization."""
+        return standard_op_refusal(ctx, "RMSNormalization", 23) or self.plan(ctx, match)
+
+    def plan(self, ctx: PassContext, match: Match) -> int | str:
+        """The first normalized axis, or why the chain is no RMSNorm whatever the op it would become."""
+        axis = self._axis(ctx, match)
+        if axis is None:
+            return (f"{describe(match.node('mean_op'))} does not average a trailing block of dims of a float "
+                    f"tensor whose normalized dims are known, with keepdims")
+        if self.square == "pow" and scalar(match.value("two")) != 2.0:
+            return f"{describe(match.node('square_op'))} does not square (its exponent is not the constant 2)"
+        if self.inverse == "div_one" and scalar(match.value("one")) != 1.0:
+            return f"{describe(match.node('inverse'))} does not invert (its dividend is not the constant 1)"
+        if scalar(match.value("eps")) is None:
+            return (f"the epsilon {match.value('eps').name!r} added by {describe(match.node('add_eps'))} is not a "
+                    f"constant")
+        if self.has_scale and affine_constant(match.value("gamma"), match.value("x").shape, axis) is None:
+            return (f"the scale {match.value('gamma').name!r} is not a constant that varies only along the "
+                    f"normalized dims")
+        return axis
+
+    def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
+        x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
+        dtype = numpy_dtype(x.dtype)
+        if self.has_scale:
+            gamma = affine_constant(match.value("gamma"), x.shape, axis).astype(dtype)
+        else:
+            gamma = np.ones(x.shape[axis:], dtype)
+        scale = graph.add_initializer(f"{anchor.name}_scale", gamma)
+        return graph.add_node("RMSNormalization", [x, scale], outputs=[match.value("out")], name=anchor.name,
+                              before=anchor, attributes={"axis": axis, "epsilon": scalar(match.value("eps"))})
+
+
+class GeluChain(Rule):
+    def __init__(self, form: Form):
+        super().__init__()
+        self.form, self.name = form, form.name
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        self.form.append(p, p.var("x"))
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> Params | str:
+        return standard_op_refusal(ctx, "Gelu", 20) or self.plan(ctx, match)
+
+    def plan(self, ctx: PassContext, match: Match) -> Params | str:
+        if match.value("x").dtype not in FLOAT_TYPES:
+            return f"the input of the Gelu chain at {describe(match.node('nonlinear'))} is not a float tensor"
+        return self.form.read(match, ctx.opset())
+
+    def rewrite(self, ctx: PassContext, match: Match, params: Params) -> Node:
+        attributes = {"approximate": "tanh"} if self.form.kind == "GeluTanh" else {}
+        return match.graph.add_node("Gelu", [match.value("x")], outputs=[match.value("out")],
+                                    name=match.node("nonlinear").name, attributes=attributes,
+                                    before=match.node("last"))
+
+
+def heads4(value) -> tuple | None:
+    """A 4-D shape whose dims are all known (symbolic batch and sequence allowed) and whose head count and
+    head size are static, or None."""
+    shape = value.shape
+    if shape is None or len(shape) != 4 or any(d is None or d == "" for d in shape):
+        return None
+    if not isinstance(shape[1], int) or not (isinstance(shape[2], int) or isinstance(shape[3], int)):
+        return None
+    return tuple(shape)
+
+
+def static4(value) -> tuple[int, int, int, int] | None:
+    shape = value.shape
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape):
+        return None
+    return tuple(shape)
+
+
+def broadcast(a: tuple, b: tuple) -> tuple:
+    """The shape of a + b (a dim of 1 gives way to the other; symbolic dims kept)."""
+    a, b = (1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+class ScaledDotProduct(Rule):
+    def __init__(self, scale: str, masks: int, float_softmax: bool = False):
+        super().__init__()
+        self.scale, self.masks, self.float_softmax = scale, masks, float_softmax
+        self.name = f"attention_{scale}_{masks}_masks{'_float_softmax' if float_softmax else ''}"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        scores = p.MatMul(p.var("q"), p.var("kt"), key="qk")
+        if self.scale != "none":
+            scores = p.op("Mul" if self.scale == "mul" else "Div", scores, p.var("c"), key="scale",
+                          commutative=self.scale == "mul")
+        for i in range(self.masks):
+            scores = p.Add(scores, p.var(f"mask{i}"), key=f"add{i}", commutative=True)
+        if self.float_softmax:  # a half-precision model's softmax in float32: Cast up, Softmax, Cast back
+            weights = p.Cast(p.Softmax(p.Cast(scores, key="up", attrs={"to": 1}), key="softmax"), key="down")
+        else:
+            weights = p.Softmax(scores, key="softmax")
+        p.MatMul(weights, p.var("v"), key="pv", out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> float | str:
+        """The scale, or why the chain is not an Attention."""
+        return standard_op_refusal(ctx, "Attention", 23) or self.plan(ctx, match)
+
+    def plan(self, ctx: PassContext, match: Match) -> float | str:
+        qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
+        shapes = [heads4(x) for x in (q, kt, v)]
+        if None in shapes or q.dtype not in FLOAT_TYPES:
+            return (f"the operands of {describe(qk)} and the values are not 4-D float tensors of known shape with "
+                    f"static head counts and head sizes")
+        (b, hq, s, d), (bk, hk, dk, skv), (bv, hv, sv, dv) = shapes
+        if not (b == bk == bv and d == dk and skv == sv and hk == hv and hk and hq % hk == 0):
+            return (f"{describe(qk)} does not read query {list(shapes[0])}, transposed keys {list(shapes[1])} and "
+                    f"values {list(shapes[2])} of one batch with query heads a multiple of key-value heads")
+        if self.float_softmax and (q.dtype == 1 or match.node("down").attr("to") != q.dtype):
+            return (f"{describe(match.node('up'))} and {describe(match.node('down'))} do not take the scores of "
+                    f"{describe(qk)} to float and back")
+        axis = match.node("softmax").attr("axis", -1)
+        if axis % 4 != 3:
+            return f"{describe(match.node('softmax'))} does not normalize over the keys (axis {axis})"
+        for i in range(self.masks):
+            mask = match.value(f"mask{i}")
+            if mask.dtype != q.dtype or mask.shape is None or len(mask.shape) > 4:
+                return f"the mask {mask.name!r} is not a float tensor of rank 4 at most"
+        if self.scale == "none":
+            return 1.0
+        c = scalar(match.value("c"))
+        if c is None or c == 0:
+            return f"the scale {match.value('c').name!r} of {describe(match.node('scale'))} is not a nonzero constant"
+        return c if self.scale == "mul" else 1.0 / c
+
+    def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
+        graph, anchor = match.graph, match.node("pv")
+        created = [graph.add_node("Transpose", [match.value("kt")], outputs=1, name=f"{anchor.name}_keys",
+                                  before=anchor, attributes={"perm": [0, 1, 3, 2]})]
+        kt = match.value("kt")
+        keys = created[0].outputs[0]
+        keys.dtype, keys.shape = kt.dtype, (*kt.shape[:2], kt.shape[3], kt.shape[2])
+        inputs = [match.value("q"), keys, match.value("v")]
+        if self.masks == 2:
+            masks = [match.value("mask0"), match.value("mask1")]
+            created.append(graph.add_node("Add", masks, outputs=1, name=f"{anchor.name}_mask", before=anchor))
+            total = created[-1].outputs[0]
+            total.dtype, total.shape = masks[0].dtype, broadcast(masks[0].shape, masks[1].shape)
+            inputs.append(total)
+        elif self.masks == 1:
+            inputs.append(match.value("mask0"))
+        precision = {"softmax_precision": 1} if self.float_softmax else {}
+        created.append(graph.add_node("Attention", inputs, outputs=[match.value("out")], name=anchor.name,
+                                      before=anchor, attributes={"scale": float(scale), **precision}))
+        return created
