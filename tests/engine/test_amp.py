@@ -119,10 +119,10 @@ def test_softmax_needs_its_logits_in_fp32_too(tmp_path):
 def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
     source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
     free = {n.name: n.pick.place.precision for n in place_model(source, PLACES, verify_ir=False).graph}
-    assert free["add_eps"] is Precision.FP16 and free["sub"] is Precision.FP16
-    pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_eps", "sub"}).graph}
-    assert pinned["add_eps"] is Precision.FP32 and pinned["sub"] is Precision.FP32
-    assert pinned["div"] is Precision.FP16  # not pinned: as before
+    assert free["add_beta"] is Precision.FP16 and free["sub"] is Precision.FP16
+    pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_beta", "sub"}).graph}
+    assert pinned["add_beta"] is Precision.FP32 and pinned["sub"] is Precision.FP32
+    assert pinned["scale_up"] is Precision.FP16  # not pinned: as before
 
 
 def test_a_model_that_verifies_in_fp16_has_no_fallback(tmp_path):
