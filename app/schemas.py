@@ -64,6 +64,20 @@ class MemorySpace(BaseModel):
     peak_node: str | None = None
 
 
+class CastFigures(BaseModel):
+    count: int | None = None
+    bytes: int | None = Field(None, description="bytes the casts write")
+
+
+class PlacementCost(BaseModel):
+    cost: float | None = Field(None, description="the kernel pick's plan: compute and casts, in the cost model's units")
+    greedy_cost: float | None = Field(None, description="Paddle-Lite's greedy per-node pick on the same graph")
+    lower_bound: float | None = Field(None, description="every node on its cheapest kernel, no cast: no plan does better")
+    method: str | None = Field(None, description="exact (chains and trees) or local search from the greedy pick")
+    casts: CastFigures | None = None
+    greedy_casts: CastFigures | None = None
+
+
 class JobSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -90,6 +104,7 @@ class JobSummary(BaseModel):
     host_fallbacks: list[HostFallback] | None = Field(None, description="nodes on a host place the user did not "
                                                       "list, by op, with the reason")
     memory_spaces: list[MemorySpace] | None = None
+    placement: PlacementCost | None = Field(None, description="the cost of the kernel pick against the greedy pick")
     warnings: list[str] | None = Field(None, description="what the run went on despite: a pass that failed and "
                                                          "was undone (the trace has the details), a plugin that "
                                                          "failed to load, a skipped verification")

@@ -9,7 +9,8 @@ Load it with ``MIRSERVE_PLUGIN_PATH=examples/plugins`` (or ``--plugin examples/p
   fusions, before kernel pick): ``LayerNormalization(Add(a, b))`` becomes that op when only the norm reads
   the sum and the norm's Mean / InvStdDev outputs are unused. Opt level 2 and not portable, like the
   built-in fusions into mirserve ops, and bound to the op's kernel: skipped when no valid place has one;
-- the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory, and kernel table entries for
+- the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory and its own cost figures for
+  kernel pick (``ACME_COST``), and kernel table entries for
   the op: on acme (fp16 and fp32, made up), on x86 (onnxruntime's CPU kernel of its contrib op of the same
   meaning, last axis only) and on host (the reference fallback, which runs the function body);
 - the pipeline ``acme_lean``: the plugin's filters, kernel pick, casts and the memory plan, without the
@@ -28,7 +29,11 @@ from worker.engine.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, 
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
 SKIP_LAYER_NORMALIZATION = "SkipLayerNormalization"
 
-ACME = register_target("acme", description="ACME edge NPU: a made-up target of the example plugin")
+#: What kernel pick weighs on it (made up, in the units of worker/engine/kernels/data/costs.toml): fp16 fifty
+#: times an ARM core's rate, and a DMA engine that copies and converts for a tenth of the CPU's cost per byte.
+ACME_COST = {"mac": {"fp16": 0.001, "fp32": 0.002, "default": 0.002}, "byte": 0.005,
+             "io_copy": {"fixed": 1000.0, "byte": 0.01}, "calib": {"fixed": 500.0, "byte": 0.01}}
+ACME = register_target("acme", description="ACME edge NPU: a made-up target of the example plugin", cost=ACME_COST)
 
 
 def _skip_layer_norm_body(opset: int) -> list:

@@ -63,8 +63,9 @@ def test_a_llama_in_pieces_computes_what_one_session_computes(llama):
 
 
 def test_the_budget_decides_when_verification_goes_in_pieces():
-    assert api.verify_chunk_bytes(900 << 20, Limits(verify_memory_mb=4096)) == 0
-    assert api.verify_chunk_bytes(1100 << 20, Limits(verify_memory_mb=4096)) == api.VERIFY_CHUNK_BYTES
+    assert api.verify_chunk_bytes(200 << 20, Limits(verify_memory_mb=4096)) == 0
+    assert api.verify_chunk_bytes(300 << 20, Limits(verify_memory_mb=4096)) == api.VERIFY_CHUNK_BYTES
+    assert api.verify_chunk_bytes(300 << 20, Limits(verify_memory_mb=512)) == 128 << 20
 
 
 def test_optimize_verifies_a_model_beyond_its_budget_in_pieces_and_catches_a_wrong_one(llama, tmp_path,

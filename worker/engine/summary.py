@@ -61,6 +61,7 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "verification": _verification(report.get("verification")),
         "warnings": _warnings(report),
         "cut": report.get("cut"),
+        "placement": _placement(report.get("placement")),
         "precision_fallback": _precision_fallback(report.get("precision_fallback")),
     }
 
@@ -71,6 +72,16 @@ def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | N
         return None
     return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
             "seconds": section.get("seconds")}
+
+
+def _placement(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The kernel pick's plan against Paddle-Lite's greedy pick: cost units and casts (count, bytes)."""
+    if not plan:
+        return None
+    return {"cost": plan.get("cost"), "greedy_cost": plan.get("greedy_cost"), "lower_bound": plan.get("lower_bound"),
+            "method": plan.get("method"),
+            "casts": {k: (plan.get("casts") or {}).get(k) for k in ("count", "bytes")},
+            "greedy_casts": {k: (plan.get("greedy_casts") or {}).get(k) for k in ("count", "bytes")}}
 
 
 #: How many distinct reasons for unknown MACs the summary quotes.
@@ -306,6 +317,12 @@ def _figures_table(summary: Mapping[str, Any]):
     if summary.get("nodes_per_place"):
         casts = summary.get("casts") or {}
         rows.append(["casts", ", ".join(f"{kind} {count}" for kind, count in casts.items()) or "none"])
+    plan = summary.get("placement")
+    if plan:
+        rows.append(["placement cost", f"{plan['cost']:,.0f} (greedy pick {plan['greedy_cost']:,.0f}, lower bound "
+                                       f"{plan['lower_bound']:,.0f}); casts {plan['casts']['count']}, "
+                                       f"{_bytes(plan['casts']['bytes'])} (greedy pick "
+                                       f"{plan['greedy_casts']['count']}, {_bytes(plan['greedy_casts']['bytes'])})"])
     if summary.get("macs") is not None:
         rows.append(["MACs", f"{summary['macs']:,}"])
     elif summary.get("macs_unknown_nodes"):

@@ -103,6 +103,15 @@ class JobRunner:
             with contextlib.suppress(OSError):
                 attempt_dir.parent.rmdir()  # the job's scratch directory, once no attempt of it is left
 
+    def _address_space(self, job: Job) -> int:
+        """The engine process's address-space limit: the job memory limit plus three times the upload, since
+        the engine maps the model's weights (its file and external data) rather than reading them, and its
+        verification child maps the input and the output again; mapped files are address space, not memory.
+        0 (no limit) stays 0."""
+        if self.config.job_memory_mb <= 0:
+            return 0
+        return (self.config.job_memory_mb << 20) + 3 * max(0, int(job.input_bytes))
+
     def _run_attempt(self, job: Job, lease: Lease, attempt_dir: Path) -> JobState | None:
         started = time.monotonic()
         try:
@@ -111,7 +120,7 @@ class JobRunner:
             failed = self._fail(lease, "ModelError", "the uploaded model is missing from storage", "model")
             return JobState.FAILED if failed else None
         spec = ChildSpec(engine=self.config.engine, model=str(model), attempt_dir=str(attempt_dir),
-                         options=job.spec.engine_options(), memory_bytes=self.config.job_memory_mb << 20,
+                         options=job.spec.engine_options(), memory_bytes=self._address_space(job),
                          nice=self.config.job_nice, data_dir=str(self.config.data_dir),
                          max_unpacked_bytes=self.config.archive_limits.max_unpacked_bytes)
         process = EngineProcess(spec, warm=self.config.warm_engines)

@@ -21,6 +21,7 @@ import worker
 from worker.engine import places
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.kernels import default_table
+from worker.engine.kernels.cost import unregister_target_cost
 from worker.engine.origin import registering_as
 from worker.engine.passes import pipelines
 from worker.engine.passes.registry import REGISTRY
@@ -65,7 +66,7 @@ _THROUGH = {"pipelines": "register_pipeline or pipeline_builder", "targets": "re
 
 _UNREGISTER = {"passes": REGISTRY.remove, "filters": FILTERS.remove,
                "pipelines": lambda name: pipelines.unregister_pipeline(name, force=True),
-               "targets": lambda name: places.unregister_target(name, force=True),
+               "targets": lambda name: (places.unregister_target(name, force=True), unregister_target_cost(name)),
                "ops": lambda name: domain.unregister_op(name, force=True),
                "kernels": lambda kernel_id: default_table().remove(kernel_id)}
 

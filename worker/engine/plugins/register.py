@@ -7,9 +7,10 @@ callbacks, pipelines, targets, mirserve ops) must go through these functions to 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from worker.engine import places
+from worker.engine.kernels.cost import register_target_cost
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.passes.base import PassInfo, PassKind
 from worker.engine.passes.pipelines import Pipeline, Step, get_pipeline, register_pipeline as _add_pipeline
@@ -126,8 +127,17 @@ def default_steps(options: "OptimizeOptions") -> tuple[Step, ...]:
     return get_pipeline("default").steps_for(options)
 
 
-def register_target(name: str, *, memory_space: str | None = None, description: str = "") -> places.Target:
-    """A new target for places (``name/fp32/nchw``); ``memory_space`` defaults to its own (a separate device)."""
+def register_target(name: str, *, memory_space: str | None = None, description: str = "",
+                    cost: Mapping | None = None) -> places.Target:
+    """A new target for places (``name/fp32/nchw``); ``memory_space`` defaults to its own (a separate device).
+
+    ``cost`` states what kernel pick weighs on it, as a ``[targets.NAME]`` table of the cost file
+    (``worker/engine/kernels/data/costs.toml``): ``{"mac": {"fp16": 0.01, "default": 0.02}, "byte": 0.05}``
+    and optionally its own ``io_copy`` / ``calib`` / ``layout`` figures; without it the target costs as the
+    file's ``default``.
+    """
+    if cost is not None:
+        register_target_cost(name, cost)
     return places.register_target(name, memory_space=memory_space, description=description,
                                   origin=current_origin())
 

@@ -45,7 +45,10 @@ def attention_model(*, scale="mul", masks=1, opset=23, c=0.35355, gqa=False, sof
             " {\n" + "\n".join(lines) + "\n}")
     model = parser.parse_model(text)
     inits = {"c": np.array(c, np.float32)}
-    if gqa:
+    if gqa and symbolic:  # the shapes a dynamic-axes export writes
+        inits.update({"two": np.array([2], np.int64), "eshape": np.array([1, 1, H // KV, 1, 1], np.int64),
+                      "rshape": np.array([0, H, -1, D], np.int64)})
+    elif gqa:
         inits.update({"two": np.array([2], np.int64), "eshape": np.array([B, KV, H // KV, S, D], np.int64),
                       "rshape": np.array([B, H, S, D], np.int64)})
     used = {name for node in model.graph.node for name in node.input}
@@ -131,3 +134,9 @@ def test_casts_that_do_not_go_back_are_refused(tmp_path):
             "y = MatMul (d, v)\n}")
     out = optimize(tmp_path, parser.parse_model(text), [PASS], check=False)
     assert "Attention" not in out.ops and out.refused("to float and back")
+
+
+def test_grouped_query_attention_with_symbolic_batch_and_sequence(tmp_path):
+    out = optimize(tmp_path, attention_model(gqa=True, symbolic=True), [PASS, *CLEANUP, PASS])
+    assert out.ops == ["Attention"]
+    assert [v.name for v in out.node("Attention").inputs[:3]] == ["q", "k", "v"]

@@ -82,9 +82,11 @@ def test_default_run_at_opset_17_fuses_into_domain_ops_with_bodies(tmp_path, mod
 
 
 @pytest.mark.models
-def test_make_llama_fp16_with_static_input_gets_rotary_and_attention(tmp_path):
-    """bench/make_llama.py's Llama graph (fp16, Softmax in float between Casts, GQA 8/2 heads): with the input
-    shape given, every rotary and attention is fused at --portable --target-opset 23, and it verifies."""
+@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
+def test_make_llama_fp16_gets_rotary_and_attention(tmp_path, static):
+    """bench/make_llama.py's Llama graph (fp16, Softmax in float between Casts, GQA 8/2 heads, dynamic batch and
+    sequence): every attention (with its repeat_kv) is fused at --portable --target-opset 23, and with the input
+    shape given every rotary too (its cos/sin are then constants); it verifies."""
     import subprocess
     import sys
 
@@ -97,9 +99,10 @@ def test_make_llama_fp16_with_static_input_gets_rotary_and_attention(tmp_path):
 
     # The command line: external data is read only from a local model given there.
     code = run_cli(["optimize", str(source), "-o", str(tmp_path / "out.onnx"), "--portable", "--target-opset", "23",
-                    "--input-shape", "input_ids=1,16", "--quiet", "--report", str(tmp_path / "report.json")])
+                    *(["--input-shape", "input_ids=1,16"] if static else []), "--quiet",
+                    "--report", str(tmp_path / "report.json")])
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0 and report["verification"]["passed"], report["verification"]
     ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node)
-    assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4, 2), ops
-    assert not ops["Softmax"] and not ops["Neg"] and not ops["Expand"]
+    assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4 if static else 0, 2), ops
+    assert not ops["Softmax"] and not ops["Expand"] and (not ops["Neg"]) == static

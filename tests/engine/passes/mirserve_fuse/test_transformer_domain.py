@@ -69,3 +69,15 @@ def test_no_body_below_opset_13(tmp_path):
     out = optimize(tmp_path, erf_chain(opset=12), [PASS])
     assert "Gelu" not in out.ops
     assert out.refused("the mirserve.Gelu body cannot be written: Gelu needs opset 13 or later")
+
+
+def test_a_gpu_run_keeps_the_chain_on_the_device(tmp_path):
+    """cuda has no mirserve.RMSNorm kernel; the host fallback has, in other memory: the chain stays on cuda."""
+    out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="cuda/fp32/nchw")
+    assert "RMSNorm" not in out.ops
+    assert out.refused("only host has a mirserve.RMSNorm kernel, outside the memory of cuda")
+
+
+def test_a_cpu_target_sharing_the_hosts_memory_fuses(tmp_path):
+    out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="arm/fp32/nchw")
+    assert domain_ops(out) == [("mirserve", "RMSNorm")]

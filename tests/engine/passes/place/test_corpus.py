@@ -87,9 +87,11 @@ def test_the_users_order_decides_between_int8_and_fp32():
     assert not ctx.graph.nodes_of_type("QLinearConv")
     conv = ctx.graph.nodes_of_type("Conv")[0]
     assert conv.metadata["mirserve.kernel"] == "arm:Conv:1-21:fp32:nchw"
+    # running a Q/DQ sandwich as one int8 kernel changes what the model computes: the user's order decides
+    # it, not the cost model, so the plan's options for this conv are all float
     detail = next(d for d in trace_entry(ctx, "static_kernel_pick")["details"] if d["node"] == conv.name)
-    assert [c["kernel"] for c in detail["candidates"][:2]] == ["arm:Conv:1-21:fp32:nchw",
-                                                             "arm:QLinearConv:10-:int8:nchw"]
+    assert detail["candidates"][0]["kernel"] == "arm:Conv:1-21:fp32:nchw"
+    assert not any("QLinear" in c["kernel"] for c in detail["candidates"])
 
 
 def test_fp16_storage_halves_the_detectors_weight_bytes(tmp_path):
@@ -112,8 +114,11 @@ def test_fp16_storage_halves_the_detectors_weight_bytes(tmp_path):
 @pytest.mark.parametrize("name", ["ch_ppocr_mobile_v2.0_cls_infer.onnx", "ch_PP-OCRv4_det_infer.onnx"])
 def test_nhwc_in_fp32_computes_exactly_what_nchw_computes(name, tmp_path):
     # without fp16 in the way, the NHWC forms, transposed weights and layout casts must be exact: compared
-    # with the same pipeline on NCHW places, so that the graph rewrites before kernel pick are the same
-    ctx = place_model(CORPUS / name, "arm/fp32/nhwc,arm/fp32/nchw", shapes=CORPUS_SHAPES[name])
+    # with the same pipeline on NCHW places, so that the graph rewrites before kernel pick are the same.
+    # (arm/fp32/nchw beside arm/fp32/nhwc costs the same without layout casts: the plan would take it; the
+    # host's NCHW kernels, ten times dearer, leave the convolutions NHWC and still run BatchNormalization
+    # before folding removes it)
+    ctx = place_model(CORPUS / name, "arm/fp32/nhwc,host/fp32/nchw", shapes=CORPUS_SHAPES[name])
     nhwc_convs = [n for n in ctx.graph
                   if n.domain == "mirserve" and n.op_type.startswith(("NhwcConv", "NhwcFusedConv"))]
     assert len(nhwc_convs) > 40

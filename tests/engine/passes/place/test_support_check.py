@@ -80,7 +80,11 @@ def test_check_support_judges_the_graph_after_the_rewrites():
     support = report["support"]
     assert support["supported"] is True and support["unsupported"] == []
     hosted = [r for r in support["ops"] if all(p.startswith("host/") for p in r["places"])]
-    assert hosted and all(r["note"] == f"host fallback: no kernel for {r['op']} on arm" for r in hosted)
+    # Resize (nearest) runs on arm only in fp32/nchw: between fp16/nhwc neighbours the host's kernel, which
+    # takes fp16, saves two calibs per node, and the plan says so
+    assert hosted and all(r["note"] == f"host fallback: no kernel for {r['op']} on arm" for r in hosted
+                          if r["op"] != "Resize")
+    assert {r["op"]: r["note"] for r in hosted}.get("Resize", "").startswith("host by the placement plan: arm could")
 
 
 @pytest.mark.models

@@ -18,7 +18,8 @@ for the Softmax and back (bench/make_llama.py) gets softmax_precision=1 (float),
                                               ->  Attention(q, k, ...)       (the same for v)
 
 The repeat_kv the op does itself. Preconditions: the Unsqueeze inserts axis 2 of a 4-D k, the Expand's
-output is (b, kv, n, s, d) and the Reshape's (b, kv * n, s, d), all static.
+output is (b, kv, n, s, d) and the Reshape's (b, kv * n, s, d), all static; or, with symbolic batch and
+sequence, the Expand's shape is [1 or b, 1 or kv, n, 1, 1] and the Reshape's [0 or b, kv * n, -1 or s, d].
 
 Refused before opset 23 (``--target-opset 23`` raises it), where no valid place has an Attention kernel, and
 when a precondition above fails, each with a sentence. Numeric effect: one kernel computes the same products
@@ -64,8 +65,32 @@ class RepeatKV(Rule):
             return f"{describe(reshape)} does not repeat each head of {kv.name!r} {list(shape)} consecutively"
         return None
 
+    def _symbolic_refusal(self, match: Match, which: str) -> str | None:
+        """The same for symbolic batch and sequence, read from the Expand and Reshape shape constants: Expand to
+        [1 or b, 1 or h, n, 1, 1] and Reshape to [0 or b, h * n, -1 or s, d] (or [.., s, -1])."""
+        kv, reshape, expand = match.value(which), match.node(f"{which}_reshape"), match.node(f"{which}_expand")
+        unsqueeze = match.node(f"{which}_unsqueeze")
+        shape = kv.shape
+        axes = int_list(unsqueeze.input(1)) if len(unsqueeze.inputs) > 1 else unsqueeze.attr("axes")
+        target, new = int_list(expand.input(1)), int_list(reshape.input(1))
+        refusal = f"{describe(reshape)} does not repeat each head of {kv.name!r} consecutively"
+        if shape is None or len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int) or \
+                list(axes or []) not in ([2], [-3]) or target is None or new is None or len(target) != 5 or \
+                len(new) != 4:
+            return refusal
+        b, h, s, d = shape
+        n = target[2]
+        if n < 1 or target[0] not in (1, b) or target[1] not in (1, h) or target[3:] != [1, 1]:
+            return refusal
+        copies_batch = new[0] == 0 and not reshape.attr("allowzero", 0)
+        if not (copies_batch or new[0] == b) or new[1] != h * n or \
+                (new[2], new[3]) not in ((-1, d), (s, -1), (s, d)):
+            return refusal
+        return None
+
     def check(self, ctx: PassContext, match: Match) -> bool | str:
-        refusal = self._refusal(match, "k") or self._refusal(match, "v")
+        refusal = (self._refusal(match, "k") and self._symbolic_refusal(match, "k")) or \
+            (self._refusal(match, "v") and self._symbolic_refusal(match, "v"))
         if refusal:
             return refusal
         if match.value("k").shape[1] != match.value("v").shape[1]:

@@ -13,7 +13,8 @@ a chain whose standard op the model may have is left to those passes (this one s
 reads them and an additive mask (a zero scalar without one; two masks summed first), so its body is the
 chain itself; grouped-query repeat_kv stays in front of it. RMSNorm normalizes over the last axis only.
 Level 2, skipped with --portable. Refused where the body cannot be written (opset below 13: Softmax over
-one axis) or no valid place has a kernel for the op. Numeric effect: the body's ops in place of the chain's
+one axis), where no valid place has a kernel for the op, and where only places outside the first place's
+memory have one (a GPU run would copy the chain's data to the host fallback and back). Numeric effect: the body's ops in place of the chain's
 (x * x for Pow(x, 2), a division for a reciprocal times, a product by 1 / c for a division by c): last bits.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from worker.engine.mirserve_domain.ops import DOMAIN
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
+from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.mirserve_ops import emit_refusal
 from worker.engine.passes.support.normalization import affine_constant, scalar
 from worker.engine.passes.support.standard_ops import standard_op_refusal
@@ -37,7 +39,20 @@ def _domain_check(rule, ctx: PassContext, match: Match, standard: str, since: in
     """None when the standard op may be emitted (its pass's job), else a refusal or the rule's plan."""
     if standard_op_refusal(ctx, standard, since) is None:
         return None
-    return emit_refusal(ctx, op, dtype) or rule.plan(ctx, match)
+    return emit_refusal(ctx, op, dtype) or off_device_refusal(ctx, op) or rule.plan(ctx, match)
+
+
+def off_device_refusal(ctx: PassContext, op: str) -> str | None:
+    """Why the op would only run outside the first place's memory (a GPU's chain going to the host fallback and
+    its data copied there and back), or None."""
+    if ctx.kernels is None or not ctx.places.places:
+        return None
+    first = ctx.places.places[0].target.name
+    running = sorted(t for t in ctx.places.targets if ctx.kernels.has_kernel(op, DOMAIN, [t]))
+    if running and not any(same_memory(first, t) for t in running):
+        return (f"only {', '.join(running)} has a {DOMAIN}.{op} kernel, outside the memory of {first}: its data "
+                f"would be copied there and back")
+    return None
 
 
 class DomainGelu(GeluChain):

@@ -1,12 +1,17 @@
-"""static_kernel_pick: choose, for every node, the kernel of the valid places that scores best.
+"""static_kernel_pick: choose every node's kernel for the least total cost of compute and casts.
 
-    Conv(x, w)            ->  Conv(x, w)   node.pick: arm:Conv:1-21:fp16:nhwc, score 1784
+    Conv(x, w)            ->  Conv(x, w)   node.pick: arm:Conv:1-21:fp16:nhwc
     DQ -> Conv -> Q       ->  same nodes,  node.pick: arm:QLinearConv:10-:int8:nchw (absorbed later)
 
-Nodes are visited in execution order; each candidate is checked (opset, element types, attribute
-constraints: a refusal is a sentence), resolved against the node's inputs as they will arrive (a picked
-producer's output precision and layout), and graded with Paddle-Lite's score (worker.engine.kernels.pick). The
-trace keeps, for every node, its top candidates with their scores. A node with no applicable candidate
+Each node's candidates are checked (opset, element types, attribute constraints: a refusal is a sentence)
+and resolved against its inputs as they may arrive. Paddle-Lite's pick (worker.engine.kernels.pick) walks the
+nodes in execution order and takes the best-scored candidate given its producers' picks: that is the greedy
+pick, the starting point and the yardstick. The plan (worker.engine.passes.support.pick_plan) then weighs
+every candidate's compute cost (the cost model, worker/engine/kernels/data/costs.toml) with the casts its
+choice forces on its edges, and keeps the cheapest choice it finds that casts no more than the greedy pick;
+the report's ``placement`` section gives its cost, the greedy cost and a lower bound. Whether a Q/DQ sandwich
+runs as one int8 kernel stays the greedy pick's call (the user's place order): it changes what is computed.
+The trace keeps, for every node, its pick and its cheapest other options. A node with no applicable candidate
 fails the run with the reasons each candidate gave. Nodes inside If/Loop/Scan bodies run with their parent
 node: they get the best kernel of the parent's target that takes their values as they are, or the host's.
 """
@@ -21,15 +26,17 @@ from onnx import TensorProto
 from worker.engine.errors import UnsupportedOpsError
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.kernels import KernelTable
+from worker.engine.kernels.cost import default_cost_model
 from worker.engine.kernels.ops import nhwc_slots
 from worker.engine.kernels.pick import NodeFacts, Pick, Scored, ValueFacts, rank, refusal
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support import qdq
-from worker.engine.passes.support.casts import fits_fp16
+from worker.engine.passes.support.casts import fits_fp16, is_cast
 from worker.engine.passes.support.nhwc import nhwc_form, nhwc_refusal
-from worker.engine.passes.support.placement import annotate, is_constant, node_facts, node_opset
-from worker.engine.places import Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
+from worker.engine.passes.support import pick_plan as plan
+from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_facts, node_opset
+from worker.engine.places import HOST, Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
 
 TOP = 3
 
@@ -58,10 +65,17 @@ def candidates_for(table: KernelTable, node: Node, opset: int, places: ValidPlac
     ``ranks`` remembers the ranking of each distinct (op, facts) within one pass: a model repeats the same
     few node signatures hundreds of times, and ranking depends on nothing else.
     """
-    fits = {} if fits is None else fits
     facts = node_facts(node, opset, current)
     if node.subgraphs():
         facts = _as_the_body_takes(node, facts)
+    return ranked_for(table, node, facts, places, portable, fits, ranks)
+
+
+def ranked_for(table: KernelTable, node: Node, facts: NodeFacts, places: ValidPlaces, portable: bool = False,
+               fits: dict | None = None, ranks: dict | None = None) -> tuple[list[Candidate], list[str]]:
+    """``candidates_for`` with the node's facts given (its inputs as they would arrive)."""
+    fits = {} if fits is None else fits
+    opset = facts.opset
     key = _rank_key(facts)
     if ranks is not None and key is not None and key in ranks:
         scored, refused = ranks[key]
@@ -204,54 +218,96 @@ def _outputs_of(pick: Pick, node: Node, current: dict) -> None:
         current[value] = (precision, layout)
 
 
-def _trace(node: Node, ranked: list[Candidate]) -> dict:
-    best = ranked[0]
+def _trace(node: Node, options: list, chosen: int) -> dict:
+    """The node's pick and its cheapest other options (cost units of the cost model; Paddle-Lite's score)."""
+    best = options[chosen]
+    others = sorted((o for i, o in enumerate(options) if i != chosen), key=lambda o: o.cost)
     return {"node": node.name, "op": node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
-            "kernel": best.scored.kernel.id, "place": str(best.pick.place),
-            "candidates": [{"kernel": c.scored.kernel.id, "score": round(c.scored.score, 3)} for c in ranked[:TOP]]}
+            "kernel": best.candidate.scored.kernel.id, "place": str(best.candidate.pick.place),
+            "candidates": [{"kernel": o.candidate.scored.kernel.id, "place": str(o.candidate.pick.place),
+                            "cost": round(o.compute, 1), "score": round(o.candidate.scored.score, 3)}
+                           for o in [best, *others][:TOP]]}
 
 
 @register_pass(name="static_kernel_pick", peer="Paddle-Lite", kind=PassKind.STMT, level=1,
-               description="pick each node's kernel by Paddle-Lite's score over the valid places "
-                           "(target > precision > layout, place priority), ties by the user's order")
+               description="pick every node's kernel for the least total cost of compute and casts (a cost "
+                           "model per target and precision), from Paddle-Lite's greedy pick; ties by the "
+                           "user's place order")
 def static_kernel_pick(ctx: PassContext) -> PassResult:
     result = PassResult()
+    nodes, options, failures = _options(ctx)
+    if failures:
+        ctx.report["pick_failures"] = failures  # --check-support reports them per op type and stops here
+        if not ctx.options.check_support_only:
+            raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
+    flows = plan.build_flows(ctx.graph, nodes, lambda value: fetch_place(ctx, value))
+    problem = plan.Problem(nodes, options, flows, default_cost_model())
+    choice, figures = plan.solve(problem, [0] * len(nodes))
+    for node, node_options, chosen in zip(nodes, options, choice):
+        pick = node_options[chosen].candidate.pick
+        annotate(node, pick)
+        result.details.append(_trace(node, node_options, chosen))
+        for body in node.subgraphs():
+            _pick_body(body, pick, ctx)
+    result.data["picked"] = len(result.details)
+    result.data["plan"] = ctx.report["placement"] = {**figures.to_dict(), "host_by_choice": _host_by_choice(
+        ctx, nodes, options, choice)}
+    return result
+
+
+def _host_by_choice(ctx: PassContext, nodes: list[Node], options: list[list], choice: list[int]) -> dict:
+    """Op types of the nodes the plan put on a host place although a place the user listed could run them
+    (the casts around that place cost more), with their node counts."""
+    users = {p.target.name for p in ctx.places if p.target.name != HOST.name}
+    found: dict[str, int] = {}
+    for node, node_options, chosen in zip(nodes, options, choice):
+        if node_options[chosen].place[0] == HOST.name and any(o.place[0] in users for o in node_options):
+            op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+            found[op] = found.get(op, 0) + 1
+    return dict(sorted(found.items()))
+
+
+def _options(ctx: PassContext) -> tuple[list[Node], list[list], dict]:
+    """Every node's options, greedy pick first: Paddle-Lite's pick walks the graph in execution order with
+    each input as its producer's pick leaves it; the other options take the inputs in every other state."""
     current: dict[Value, tuple] = {}
     failures: dict[str, dict] = {}
-    portable, fits, ranks = ctx.options.portable, {}, {}
+    nodes, options = [], []
+    portable, fits, ranks, variants_memo = ctx.options.portable, {}, {}, {}
+    model = default_cost_model()
     for node in ctx.graph:
-        opset = node_opset(ctx.model.opset, node)
-        ranked, reasons = candidates_for(ctx.kernels, node, opset, ctx.places, current, portable, fits, ranks)
-        if node.name in ctx.pinned_fp32:
-            ranked = _pinned(ranked, ctx, node, opset, current, portable, fits)
+        facts = node_facts(node, node_opset(ctx.model.opset, node), current)
+        if node.subgraphs():
+            facts = _as_the_body_takes(node, facts)
+        ranked, reasons = ranked_for(ctx.kernels, node, facts, ctx.places, portable, fits, ranks)
         if not ranked:
             entry = failures.setdefault(node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
                                         {"nodes": [], "reasons": reasons[:4]})
             entry["nodes"].append(node.name)
             continue
-        pick = ranked[0].pick
-        annotate(node, pick)
-        _outputs_of(pick, node, current)
-        result.details.append(_trace(node, ranked))
-        for body in node.subgraphs():
-            _pick_body(body, pick, ctx)
-    if failures:
-        ctx.report["pick_failures"] = failures  # --check-support reports them per op type and stops here
-        if not ctx.options.check_support_only:
-            raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
-    result.data["picked"] = len(result.details)
-    return result
+        variants = [ranked[:1] if is_cast(node) else ranked]
+        # A node with a body keeps its inputs' types (bodies are never converted); a cast of a model placed
+        # before converts as its attributes say, whatever its kernel's name would claim.
+        if not node.subgraphs() and not is_cast(node):
+            variants += [ranked_for(ctx.kernels, node, v, ctx.places, portable, fits, ranks)[0]
+                         for v in plan.input_variants(facts, ctx.places, variants_memo)]
+        if node.name in ctx.pinned_fp32:
+            variants = _pinned(variants, ctx, node, facts, portable, fits)
+        _outputs_of(variants[0][0].pick, node, current)
+        nodes.append(node)
+        options.append(plan.build_options(node, variants, ctx.places, model))
+    return nodes, options, failures
 
 
-def _pinned(ranked: list[Candidate], ctx: PassContext, node: Node, opset: int, current, portable: bool,
-            fits: dict) -> list[Candidate]:
-    """A pinned node's candidates that do not compute in fp16 (its fp16 inputs taken in fp32 when the kernels
-    follow their inputs' precision); its own candidates when it has no other (it cannot be pinned)."""
-    kept = [c for c in ranked if c.scored.resolved.precision is not Precision.FP16]
+def _pinned(variants: list[list[Candidate]], ctx: PassContext, node: Node, facts: NodeFacts, portable: bool,
+            fits: dict) -> list[list[Candidate]]:
+    """A pinned node's candidates that do not compute in fp16 (``ctx.pinned_fp32``: auto mixed precision), its
+    fp16 inputs taken in fp32 when its kernels follow their inputs' precision; its own candidates when it has
+    no other (it cannot be pinned)."""
+    kept = [k for k in ([c for c in v if c.scored.resolved.precision is not Precision.FP16] for v in variants) if k]
     if not kept:
-        kept = _in_fp32(ctx.kernels, node, node_facts(node, opset, current), ctx.places, portable, fits)
-        kept.sort(key=Candidate.sort_key)
-    return kept or ranked
+        kept = [sorted(_in_fp32(ctx.kernels, node, facts, ctx.places, portable, fits), key=Candidate.sort_key)]
+    return kept if kept[0] else variants
 
 
 def _no_kernel_message(failures: dict, places: ValidPlaces) -> str:

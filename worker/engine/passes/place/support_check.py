@@ -131,12 +131,17 @@ def placement_support(ctx: PassContext, failures: Mapping[str, Mapping[str, Any]
         rows.setdefault(op, {"op": op, "nodes": len(entry["nodes"]), "places": {}, "note": None})
     targets = " or ".join(sorted(ctx.places.targets))
     reasons = {op: list(entry["reasons"]) or [f"no kernel for {op} on {targets}"] for op, entry in failures.items()}
+    by_choice = (ctx.report.get("placement") or {}).get("host_by_choice") or {}
     for op, row in rows.items():
         if op in failures:
             row["note"] = "no place: " + _why_none(reasons[op])
         elif row["places"] and all(p.startswith(host + "/") for p in row["places"]) and host not in user_targets:
             domain, _, name = op.rpartition(".")
             on_user = ctx.kernels.has_kernel(name, domain, sorted(user_targets))
+            if by_choice.get(op) == row["nodes"]:
+                row["note"] = (f"host by the placement plan: {', '.join(sorted(user_targets))} could run these "
+                               f"nodes, but the casts around them there cost more than the host's kernel")
+                continue
             row["note"] = ("host fallback: " + (f"no kernel of {', '.join(sorted(user_targets))} takes these "
                                                  f"nodes (element types, precision or layout)" if on_user else
                                                  f"no kernel for {op} on {', '.join(sorted(user_targets))}"))

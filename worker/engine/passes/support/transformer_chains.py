@@ -167,7 +167,9 @@ class ScaledDotProduct(Rule):
             return (f"the operands of {describe(qk)} and the values are not 4-D float tensors of known shape with "
                     f"static head counts and head sizes")
         (b, hq, s, d), (bk, hk, dk, skv), (bv, hv, sv, dv) = shapes
-        if not (b == bk == bv and d == dk and skv == sv and hk == hv and hk and hq % hk == 0):
+        # The head sizes and the key lengths agree wherever the chain runs (MatMul contracts them); the batch
+        # and the heads must be shown equal, since MatMul would broadcast a 1 and the op does not.
+        if not (b == bk == bv and hk == hv and hk and hq % hk == 0):
             return (f"{describe(qk)} does not read query {list(shapes[0])}, transposed keys {list(shapes[1])} and "
                     f"values {list(shapes[2])} of one batch with query heads a multiple of key-value heads")
         if self.float_softmax and (q.dtype == 1 or match.node("down").attr("to") != q.dtype):
