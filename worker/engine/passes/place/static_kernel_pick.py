@@ -34,7 +34,7 @@ from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support import qdq
 from worker.engine.passes.support.casts import fits_fp16, is_cast
 from worker.engine.passes.support.nhwc import nhwc_form, nhwc_refusal
-from worker.engine.passes.support import pick_plan as plan
+from worker.engine.passes.support import pick_plan as plan, pick_search as search
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_facts, node_opset
 from worker.engine.places import HOST, Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
 
@@ -242,7 +242,7 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
             raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
     flows = plan.build_flows(ctx.graph, nodes, lambda value: fetch_place(ctx, value))
     problem = plan.Problem(nodes, options, flows, default_cost_model())
-    choice, figures = plan.solve(problem, [0] * len(nodes))
+    choice, figures = search.solve(problem, [0] * len(nodes))
     for node, node_options, chosen in zip(nodes, options, choice):
         pick = node_options[chosen].candidate.pick
         annotate(node, pick)
