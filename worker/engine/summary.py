@@ -50,7 +50,8 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "op_types": _op_type_rows(before.get("op_types") or {}, after.get("op_types") or {}),
         "nodes_per_place": dict(kernels.get("places") or {}),
         "casts": _cast_counts(kernels.get("casts") or []),
-        "host_fallbacks": _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel),
+        "host_fallbacks": _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
+                                          (report.get("placement") or {}).get("host_by_choice") or {}),
         "memory_spaces": _memory_spaces(memory),
         "io_bytes": memory.get("io_bytes"),
         "unplanned": [{"space": u.get("space"), "reason": u.get("reason")} for u in memory.get("unplanned") or []],
@@ -117,8 +118,10 @@ def _cast_counts(casts: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
-                    has_kernel: KernelLookup | None) -> list[dict[str, Any]]:
-    """Nodes that landed on a host place the user did not ask for, grouped by op and place, with the reason."""
+                    has_kernel: KernelLookup | None, by_choice: Mapping[str, int] | None = None
+                    ) -> list[dict[str, Any]]:
+    """Nodes that landed on a host place the user did not ask for, grouped by op and place, with the reason
+    (``by_choice``: op types the placement plan put on the host although a user's target runs them)."""
     if HOST.name in user_targets:
         return []
     groups: dict[tuple[str, str], list[str]] = {}
@@ -129,8 +132,11 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
         groups.setdefault((_kernel_op(node) or op, place), []).append(str(node.get("node")))
     found = []
     for (op, place), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3],
-                      "reason": _fallback_reason(op, sorted(user_targets), has_kernel)})
+        reason = _fallback_reason(op, sorted(user_targets), has_kernel)
+        if (by_choice or {}).get(op):
+            reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
+                      f"casts around it there cost more")
+        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3], "reason": reason})
     return found
 
 
