@@ -50,7 +50,8 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "op_types": _op_type_rows(before.get("op_types") or {}, after.get("op_types") or {}),
         "nodes_per_place": dict(kernels.get("places") or {}),
         "casts": _cast_counts(kernels.get("casts") or []),
-        "host_fallbacks": _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel),
+        "host_fallbacks": _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
+                                          (report.get("placement") or {}).get("host_by_choice") or {}),
         "memory_spaces": _memory_spaces(memory),
         "io_bytes": memory.get("io_bytes"),
         "unplanned": [{"space": u.get("space"), "reason": u.get("reason")} for u in memory.get("unplanned") or []],
@@ -62,7 +63,16 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "warnings": _warnings(report),
         "cut": report.get("cut"),
         "placement": _placement(report.get("placement")),
+        "precision_fallback": _precision_fallback(report.get("precision_fallback")),
     }
+
+
+def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The nodes auto mixed precision kept in fp32 (sorted names) and the verification runs it took, or None."""
+    if not section:
+        return None
+    return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
+            "seconds": section.get("seconds")}
 
 
 def _placement(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -108,8 +118,10 @@ def _cast_counts(casts: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
-                    has_kernel: KernelLookup | None) -> list[dict[str, Any]]:
-    """Nodes that landed on a host place the user did not ask for, grouped by op and place, with the reason."""
+                    has_kernel: KernelLookup | None, by_choice: Mapping[str, int] | None = None
+                    ) -> list[dict[str, Any]]:
+    """Nodes that landed on a host place the user did not ask for, grouped by op and place, with the reason
+    (``by_choice``: op types the placement plan put on the host although a user's target runs them)."""
     if HOST.name in user_targets:
         return []
     groups: dict[tuple[str, str], list[str]] = {}
@@ -120,8 +132,11 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
         groups.setdefault((_kernel_op(node) or op, place), []).append(str(node.get("node")))
     found = []
     for (op, place), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3],
-                      "reason": _fallback_reason(op, sorted(user_targets), has_kernel)})
+        reason = _fallback_reason(op, sorted(user_targets), has_kernel)
+        if (by_choice or {}).get(op):
+            reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
+                      f"casts around it there cost more")
+        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3], "reason": reason})
     return found
 
 
@@ -328,6 +343,10 @@ def _figures_table(summary: Mapping[str, Any]):
     for entry in summary.get("unplanned") or []:
         rows.append([f"not planned ({entry['space']})", entry["reason"]])
     rows.append(["verification", _verification_text(summary.get("verification") or {})])
+    fallback = summary.get("precision_fallback")
+    if fallback:
+        rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after fp16 failed verification "
+                                     f"({fallback['runs']} verification run(s)): {', '.join(fallback['nodes'])}"])
     if summary.get("seconds") is not None:
         rows.append(["seconds", f"{summary['seconds']:.2f}"])
     return _table("figures", [("figure", "left"), ("value", "left")], rows)
