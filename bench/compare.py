@@ -407,7 +407,8 @@ def main() -> None:
             target.write_text(markdown(models, command.strip()) + kept)
 
 
-#: Sections of BENCHMARKS.md that other bench scripts write (bench/transformer_bench.py): kept as they are.
+#: Sections of BENCHMARKS.md that other bench scripts write (bench/transformer_bench.py, then
+#: bench/placement_costs.py after it): kept as they are, from the first of them to the end.
 KEPT_SECTION = "\n## Transformer exports"
 
 

@@ -108,11 +108,14 @@ def main(argv=None) -> int:
 
 
 def write_section(path: Path, lines: list[str], arguments: str) -> None:
-    """Replace this script's section of ``path`` (from SECTION to the end) with the table just measured."""
+    """Replace this script's section of ``path`` (from SECTION to the next section) with the table just measured."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     text = path.read_text() if path.exists() else ""
     head = text[:text.find("\n" + SECTION)] if ("\n" + SECTION) in text else text.rstrip("\n")
+    start = text.find("\n" + SECTION)
+    end = text.find("\n## ", start + 1) if start >= 0 else -1
+    tail = text[end:] if end >= 0 else ""  # sections other scripts write after this one stay
     section = [
         "", SECTION, "",
         f"Command: `python bench/transformer_bench.py{(' ' + arguments) if arguments else ''}` on the exports of "
@@ -127,7 +130,7 @@ def write_section(path: Path, lines: list[str], arguments: str) -> None:
         "standard-op peer (ort basic, onnxsim, onnxslim).",
         "", HEADER, *lines, "",
     ]
-    path.write_text(head + "\n" + "\n".join(section))
+    path.write_text(head + "\n" + "\n".join(section) + tail)
 
 
 if __name__ == "__main__":

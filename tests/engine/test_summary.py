@@ -170,6 +170,20 @@ def test_recorded_fallbacks_keep_their_kind_a_rewritten_op_is_a_rewrite_and_an_a
     assert "calib 2 (128 B)" in text and "rewrite" in text
 
 
+def test_a_host_node_the_placement_plan_chose_is_told_from_a_fallback():
+    report = {"options": {"places": "arm/fp16/nhwc,arm/fp32/nchw"},
+              "kernels": {"nodes": [{"node": "r", "op": "Resize", "kernel": "host:Resize:11-12:any:nchw",
+                                     "place": "host/fp16/nchw"}]},
+              "placement": {"cost": 10.0, "greedy_cost": 12.0, "lower_bound": 9.0, "method": "local search",
+                            "casts": {"count": 2, "bytes": 64}, "greedy_casts": {"count": 4, "bytes": 96},
+                            "host_by_choice": {"Resize": 1}}}
+    summary = build_summary(report, has_kernel=lambda op, target: True)
+    assert summary["host_fallbacks"][0]["reason"] == ("the placement plan chose the host: arm could run it, but "
+                                                      "the casts around it there cost more")
+    assert summary["placement"]["casts"] == {"count": 2, "bytes": 64}
+    assert "placement cost" in render_summary(summary, width=100)
+
+
 def test_a_host_place_the_user_listed_is_no_fallback():
     report = {"options": {"places": "arm/fp32/nchw,host/fp32/nchw"},
               "kernels": {"nodes": [{"node": "a", "op": "Erf", "kernel": "host:Erf:13-:fp32:any",

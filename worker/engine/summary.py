@@ -46,7 +46,8 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
     memory = report.get("memory") or {}
     user_targets = _user_targets(report)
     fallbacks = _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
-                                set(before.get("op_types") or {}))
+                                set(before.get("op_types") or {}),
+                                (report.get("placement") or {}).get("host_by_choice") or {})
     return {
         "nodes": {"before": before.get("nodes"), "after": after.get("nodes")},
         "bytes": {"before": before.get("bytes"), "after": after.get("bytes")},
@@ -67,7 +68,16 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "warnings": _warnings(report, fallbacks),
         "cut": report.get("cut"),
         "placement": _placement(report.get("placement")),
+        "precision_fallback": _precision_fallback(report.get("precision_fallback")),
     }
+
+
+def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The nodes auto mixed precision kept in fp32 (sorted names) and the verification runs it took, or None."""
+    if not section:
+        return None
+    return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
+            "seconds": section.get("seconds")}
 
 
 def _placement(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -125,10 +135,12 @@ def _cast_bytes(casts: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
 
 
 def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
-                    has_kernel: KernelLookup | None, ops_before: set[str] = frozenset()) -> list[dict[str, Any]]:
+                    has_kernel: KernelLookup | None, ops_before: set[str] = frozenset(),
+                    by_choice: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """Nodes that landed on a host place the user did not ask for, grouped by op, place and the kind of reason.
 
-    The reason is the one place_report recorded for the node, else one read off ``has_kernel``; an op the
+    The reason is the one place_report recorded for the node, else one read off ``has_kernel`` (``by_choice``:
+    op types the placement plan put on the host although a user's target runs them, kind ``plan``); an op the
     input model did not have (a fused op) was made by a rewrite, which is then the kind of reason.
     """
     if HOST.name in user_targets:
@@ -146,6 +158,10 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
         else:
             reason, possible = _fallback_reason(kernel_op, sorted(user_targets), has_kernel), False
             kind = "no kernel" if reason.startswith("no kernel") else "constraints"
+            if (by_choice or {}).get(op):
+                kind, possible = "plan", True
+                reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
+                          f"casts around it there cost more")
         if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc"):
             kind, reason = "rewrite", f"a rewrite made {op}: {reason}"
         group = groups.setdefault((kernel_op, place, kind), {"names": [], "reason": reason, "possible": 0})
@@ -380,6 +396,10 @@ def _figures_table(summary: Mapping[str, Any]):
     for entry in summary.get("unplanned") or []:
         rows.append([f"not planned ({entry['space']})", entry["reason"]])
     rows.append(["verification", _verification_text(summary.get("verification") or {})])
+    fallback = summary.get("precision_fallback")
+    if fallback:
+        rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after fp16 failed verification "
+                                     f"({fallback['runs']} verification run(s)): {', '.join(fallback['nodes'])}"])
     if summary.get("seconds") is not None:
         rows.append(["seconds", f"{summary['seconds']:.2f}"])
     return _table("figures", [("figure", "left"), ("value", "left")], rows)

@@ -130,7 +130,7 @@ class Value:
     def take(self, positions: np.ndarray) -> np.ndarray:
         """The initializer's elements at these flat positions (a few, for a fingerprint), read from its file
         without mapping it when it is mapped data, else from the array."""
-        if self._const is None and self._source is not None:
+        if self._source is not None:  # unchanged since loading (a pass that sets const drops the source)
             found = self._source.take(positions)
             if found is not None:
                 return found

@@ -89,3 +89,8 @@ def test_a_mapped_weight_is_fingerprinted_from_its_file_as_its_array_would_be(tm
     key = value_key(weight)
     assert weight._const is None  # read from the file, not through the array
     assert key == sample_key(array) and len(key) == 64 * 4
+    weight.const  # a pass looked at it: still the file's data, still read from the file
+    reads = []
+    original = weight.const_source.take
+    weight.const_source.take = lambda positions: reads.append(len(positions)) or original(positions)
+    assert value_key(weight) == key and reads == [64]

@@ -140,3 +140,29 @@ def test_grouped_query_attention_with_symbolic_batch_and_sequence(tmp_path):
     out = optimize(tmp_path, attention_model(gqa=True, symbolic=True), [PASS, *CLEANUP, PASS])
     assert out.ops == ["Attention"]
     assert [v.name for v in out.node("Attention").inputs[:3]] == ["q", "k", "v"]
+
+
+def heads_model(*, q_shape=(0, 0, H, D), allowzero=0, out_shape=(0, 0, -1)):
+    """q3, k3, v3 (B, S, H*D | KV*D) split into heads, Attention, heads joined back (BERT's layout)."""
+    text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float[{B}, {S}, {H * D}] q3, float[{B}, {S}, {KV * D}] k3, '
+            f'float[{B}, {S}, {KV * D}] v3, float[{B}, 1, {S}, {S}] m) => (float[{B}, {S}, {H * D}] y) {{\n'
+            f"qr = Reshape <allowzero = {allowzero}> (q3, qs)\nq = Transpose <perm = [0, 2, 1, 3]> (qr)\n"
+            "kr = Reshape (k3, ks)\nk = Transpose <perm = [0, 2, 1, 3]> (kr)\n"
+            "vr = Reshape (v3, ks)\nv = Transpose <perm = [0, 2, 1, 3]> (vr)\n"
+            "a = Attention <scale = 0.3> (q, k, v, m)\nt = Transpose <perm = [0, 2, 1, 3]> (a)\ny = Reshape (t, ys)\n}")
+    model = parser.parse_model(text)
+    inits = {"qs": np.array(q_shape, np.int64), "ks": np.array([0, 0, KV, D], np.int64),
+             "ys": np.array(out_shape, np.int64)}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("q_shape", [(0, 0, H, D), (B, S, -1, D)])
+def test_heads_split_from_hidden_go_into_the_op(tmp_path, q_shape):
+    out = optimize(tmp_path, heads_model(q_shape=q_shape), [PASS])
+    assert out.ops == ["Attention"]
+    node = out.node("Attention")
+    assert (node.attr("q_num_heads"), node.attr("kv_num_heads"), node.attr("scale")) == (H, KV, pytest.approx(0.3))
+    assert [v.name for v in node.inputs] == ["q3", "k3", "v3", "m"]
+

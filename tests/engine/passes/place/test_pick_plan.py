@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import CORPUS, CORPUS_SHAPES, light_models
 from tests.engine.passes.place.helpers import casts, place_model, trace_entry
 from worker.engine.kernels.cost import CostModelError, default_cost_model, parse_cost_model
-from worker.engine.passes.support import pick_plan as plan
+from worker.engine.passes.support import pick_plan as plan, pick_search as search
 from worker.engine.passes.support.casts import cast_kind
 from worker.engine.places import Layout, Place, Precision, get_target
 
@@ -64,12 +64,12 @@ def test_chains_and_trees_are_solved_exactly(seed):
     tree = [[], [], [0, 1], [], [2, 3], [4]]  # two branches joined twice
     for parents in (chain, tree):
         p = problem(parents, seed)
-        assert plan.is_forest(p)
-        assert p.total(plan.solve_forest(p)) == pytest.approx(brute_force(p))
+        assert search.is_forest(p)
+        assert p.total(search.solve_forest(p)) == pytest.approx(brute_force(p))
 
 
 def test_a_value_read_twice_is_not_a_tree():
-    assert not plan.is_forest(problem([[], [0], [0], [1, 2]], 0))
+    assert not search.is_forest(problem([[], [0], [0], [1, 2]], 0))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -87,7 +87,7 @@ def test_minimum_cut_finds_the_best_binary_labels(seed):
         total = sum(unary[i][x] for i, x in enumerate(labels))
         return total + sum(e[2 * labels[i] + labels[j]] for (i, j), e in pairs.items())
 
-    labels = plan._min_cut(count, unary, pairs)
+    labels = search._min_cut(count, unary, pairs)
     assert energy(labels) == pytest.approx(min(energy(c) for c in itertools.product((0, 1), repeat=count)))
 
 
@@ -96,7 +96,7 @@ def test_the_local_search_never_ends_above_the_greedy_pick(seed):
     parents = [[], [0], [0], [1, 2], [3], [3], [4, 5], [6]]  # a diamond and a fork: no tree
     p = problem(parents, seed)
     greedy = [0] * len(parents)
-    choice, figures = plan.solve(p, greedy)
+    choice, figures = search.solve(p, greedy)
     assert figures.cost == pytest.approx(p.total(choice)) and figures.cost <= figures.greedy_cost
     assert figures.lower_bound <= figures.cost
     assert figures.casts["count"] <= figures.greedy_casts["count"]
@@ -175,3 +175,27 @@ def test_the_plan_is_deterministic():
              for ctx in runs]
     assert picks[0] == picks[1]
     assert runs[0].report["placement"]["cost"] == runs[1].report["placement"]["cost"]
+
+
+def test_equal_costs_go_to_the_place_the_user_listed_first():
+    first, second = ("arm", FP16, NCHW), ("arm", FP32, NCHW)
+    options = [plan.Option(None, 500.0 + plan.TIE * rank, 500.0, state, (state,), (state,))
+               for rank, state in ((1, second), (0, first))]  # the greedy pick (index 0) is the second place
+    p = plan.Problem([None], [options], [plan.Flow(FakeValue((4, 4)), 0, 0, [], None)], default_cost_model())
+    choice, figures = search.solve(p, [0])
+    assert options[choice[0]].place == first and figures.cost < figures.greedy_cost
+
+
+def test_a_plugin_states_its_targets_cost():
+    from worker.engine.kernels.cost import register_target_cost, unregister_target_cost
+    assert default_cost_model().target("made_up_npu") is default_cost_model().targets["default"]
+    register_target_cost("made_up_npu", {"mac": {"default": 0.001}, "byte": 0.01, "io_copy": {"fixed": 5, "byte": 0}})
+    try:
+        model = default_cost_model()
+        assert model.compute("made_up_npu", FP16, 1000, 0) == pytest.approx(1.0)
+        assert model.cast("io_copy", 10**6, "made_up_npu") == 5 and model.cast("io_copy", 10**6) > 5
+    finally:
+        unregister_target_cost("made_up_npu")
+    assert "made_up_npu" not in default_cost_model().targets
+    with pytest.raises(CostModelError, match="targets.bad.mac must be a table with a 'default' figure"):
+        register_target_cost("bad", {"mac": {"fp16": 1}, "byte": 1})

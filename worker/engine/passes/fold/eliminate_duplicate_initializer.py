@@ -24,7 +24,7 @@ SAMPLE = 64
 def value_key(value: Value) -> bytes:
     """``sample_key`` of an initializer, read from its file without mapping it when it is mapped data."""
     source = value.const_source
-    if source is not None and value._const is None and source.shape and 0 not in source.shape:
+    if source is not None and source.shape and 0 not in source.shape:  # the data as loaded
         size = int(np.prod(source.shape, dtype=np.int64))
         positions = np.linspace(0, size - 1, num=min(size, SAMPLE)).astype(np.int64)
         return np.asarray(value.take(positions)).tobytes()

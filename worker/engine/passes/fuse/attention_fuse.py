@@ -21,6 +21,14 @@ The repeat_kv the op does itself. Preconditions: the Unsqueeze inserts axis 2 of
 output is (b, kv, n, s, d) and the Reshape's (b, kv * n, s, d), all static; or, with symbolic batch and
 sequence, the Expand's shape is [1 or b, 1 or kv, n, 1, 1] and the Reshape's [0 or b, kv * n, -1 or s, d].
 
+    Attention(T(R(q3)), T(R(k3)), T(R(v3)), mask) -> T -> R  ->  Attention(q3, k3, v3, mask, q_num_heads=h,
+                                                                            kv_num_heads=kv)
+
+(R: a Reshape between (batch, seq, heads * size) and (batch, seq, heads, size), T: Transpose (0, 2, 1, 3)):
+the op's 3-D form splits and joins the heads itself (BERT, ViT: 8 nodes per layer). Preconditions: the
+Reshapes copy batch and seq (zeros, or the same static dims) and name the head count and size (one may be
+-1), the Attention has no KV cache and one output.
+
 Refused before opset 23 (``--target-opset 23`` raises it), where no valid place has an Attention kernel, and
 when a precondition above fails, each with a sentence. Numeric effect: one kernel computes the same products
 and softmax; results differ from the chain in the last bits (a masked row's -inf-like fill and, with two
@@ -104,6 +112,72 @@ class RepeatKV(Rule):
         return attention
 
 
+HEADS_PERM = [0, 2, 1, 3]
+
+
+def splits_heads(reshape: Node, x, y) -> bool:
+    """Whether Reshape ``reshape`` turns x (batch, seq, heads * size) into y (batch, seq, heads, size)."""
+    new = int_list(reshape.input(1))
+    if x.shape is None or y.shape is None or len(x.shape) != 3 or len(y.shape) != 4 or new is None:
+        return False
+    heads, size = y.shape[2], y.shape[3]
+    if not (isinstance(heads, int) and isinstance(size, int) and x.shape[2] == heads * size):
+        return False
+    copies = not reshape.attr("allowzero", 0) and new[:2] == [0, 0]
+    return new[2:] in ([heads, size], [-1, size], [heads, -1]) and (copies or new[:2] == list(x.shape[:2]))
+
+
+def joins_heads(reshape: Node, x, y) -> bool:
+    """Whether Reshape ``reshape`` turns x (batch, seq, heads, size) into y (batch, seq, heads * size)."""
+    new = int_list(reshape.input(1))
+    if x.shape is None or y.shape is None or len(x.shape) != 4 or len(y.shape) != 3 or new is None:
+        return False
+    heads, size = x.shape[2], x.shape[3]
+    if not (isinstance(heads, int) and isinstance(size, int)):
+        return False
+    copies = not reshape.attr("allowzero", 0) and new[:2] == [0, 0]
+    return new[2] in (heads * size, -1) and (copies or new[:2] == list(x.shape[:2]))
+
+
+class HeadsLayout(Rule):
+    """Attention over heads split out of (batch, seq, hidden) tensors and joined back takes them as they are.
+
+        Attention(T(R(q3)), T(R(k3)), T(R(v3)), ...) -> T -> R   ->  Attention(q3, k3, v3, ..., q_num_heads,
+                                                                              kv_num_heads)
+    (R: Reshape (b, s, h * d) <-> (b, s, h, d), T: Transpose (0, 2, 1, 3)), the op's 3-D form."""
+
+    name = "attention_heads_layout"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        inputs = [p.Transpose(p.Reshape(p.var(f"{w}3"), None, key=f"{w}_reshape"), key=f"{w}_transpose",
+                              attrs={"perm": HEADS_PERM}) for w in "qkv"]
+        y4 = p.Attention(*inputs, key="attention")
+        p.Reshape(p.Transpose(y4, key="y_transpose", attrs={"perm": HEADS_PERM}), None, key="y_reshape", out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple[int, int] | str:
+        attention = match.node("attention")
+        if len(attention.inputs) > 4 or any(v.is_used for v in attention.outputs[1:]):
+            return f"{describe(attention)} has a past key-value cache or more than one output used"
+        for w in "qkv":
+            reshape = match.node(f"{w}_reshape")
+            if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
+                return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
+        y_reshape = match.node("y_reshape")
+        if not joins_heads(y_reshape, y_reshape.inputs[0], match.value("out")):
+            return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
+        heads = [match.node(f"{w}_reshape").outputs[0].shape[2] for w in "qk"]
+        return heads[0], heads[1]
+
+    def rewrite(self, ctx: PassContext, match: Match, heads: tuple[int, int]) -> Node:
+        attention = match.node("attention")
+        inputs = [match.value("q3"), match.value("k3"), match.value("v3"), *attention.inputs[3:]]
+        attributes = {**dict(attention.attributes), "q_num_heads": heads[0], "kv_num_heads": heads[1]}
+        return match.graph.add_node("Attention", inputs, outputs=[match.value("out")], name=attention.name,
+                                    before=match.node("y_reshape"), attributes=attributes)
+
+
 @register_pass(name="attention_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
                description="turn scaled dot-product attention written out as MatMul/Softmax/MatMul, with its "
                            "masks and grouped-query repeat_kv, into Attention (opset 23+)")
@@ -111,4 +185,4 @@ def attention_fuse(ctx: PassContext) -> PassResult:
     # The longest chains first, so a scale or mask goes into the op rather than staying before it.
     rules = [ScaledDotProduct(scale, masks, float_softmax) for float_softmax in (True, False) for masks in (2, 1, 0)
              for scale in ("mul", "div", "none")]
-    return apply_rules(ctx, [*rules, RepeatKV()])
+    return apply_rules(ctx, [*rules, RepeatKV(), HeadsLayout()])
