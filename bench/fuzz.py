@@ -686,17 +686,24 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
     from worker.engine.api import optimize
     from worker.engine.options import OptimizeOptions
 
-    try:
-        expected = _session(model.SerializeToString()).run(None, feeds_for(model, seed))
+    from worker.engine.numeric import _stored_in_fp16
+
+    try:  # fp16 values stored in fp16 on both sides, as the engine's verification runs them
+        expected = _session(_stored_in_fp16(model.SerializeToString())).run(None, feeds_for(model, seed))
     except Exception as exc:
         return "invalid", _short(f"onnxruntime cannot run the generated graph: {exc}")
     source, target = workdir / "in.onnx", workdir / "out.onnx"
     import onnx
 
     onnx.save(model, source)
+    half = "fp16" in options["places"]
     try:
-        optimize(source, target, OptimizeOptions(verify=False, **options))
+        # With an fp16 place, as a user runs it: verified, so auto mixed precision keeps in fp32 what fp16
+        # cannot compute; a model it cannot make verify is a mismatch, never a refusal.
+        optimize(source, target, OptimizeOptions(verify=half, **options))
     except Exception as exc:  # noqa: BLE001 - every exception is classified
+        if half and _does_not_verify(exc):
+            return "mismatch", _short(f"verification: {exc}", 500)
         if is_internal(exc):
             frames = traceback.extract_tb((exc.__cause__ or exc).__traceback__)
             where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
@@ -704,7 +711,7 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
             return "crash", _short(f"{type(exc).__name__}: {exc}{cause}", 500)
         return "refused", _short(str(exc))
     try:
-        session = _session(str(target))
+        session = _session(_stored_in_fp16(str(target)))
     except Exception as exc:
         return "unloadable", _short(exc)
     feeds = feeds_for(model, seed)
@@ -712,15 +719,63 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
         actual = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
     except Exception as exc:
         return "mismatch", _short(f"onnxruntime cannot run the output: {exc}")
-    half = "fp16" in options["places"]
-    for k, (e, a) in enumerate(zip(expected, actual)):
-        why = compare(np.asarray(e), np.asarray(a), half)
+    in_fp16 = _session(_fp16_everywhere(model)).run(None, feeds) if half else [None] * len(expected)
+    for k, (e, a, h) in enumerate(zip(expected, actual, in_fp16)):
+        why = compare(np.asarray(e), np.asarray(a), half, None if h is None else np.asarray(h))
         if why:
             return "mismatch", f"output {k} ({model.graph.output[k].name}): {why}"
     return "ok", ""
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, half: bool) -> str | None:
+def _does_not_verify(exc: BaseException) -> bool:
+    from worker.engine.errors import VerificationError
+
+    return isinstance(exc, VerificationError) and "does not compute what the input computed" in str(exc)
+
+
+def _fp16_everywhere(model) -> bytes:
+    """The input model with every float value (inputs and what each node computes) stored in fp16: the same
+    computation as the input, done as an fp16 device would store it. How far its outputs are from the fp32
+    ones is how far fp16 itself moves them (a comparison that flips, a cancellation), whatever the engine does."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.shape_inference.infer_shapes(model)
+    graph = model.graph
+    floats = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+              if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    initializers = {t.name for t in graph.initializer}
+    nodes, renamed = [], {}
+
+    def rounded(name: str) -> list:
+        low, back = f"{name}__fp16", f"{name}__rounded"
+        renamed[name] = back
+        return [helper.make_node("Cast", [name], [low], to=TensorProto.FLOAT16),
+                helper.make_node("Cast", [low], [back], to=TensorProto.FLOAT)]
+
+    for value in graph.input:
+        if value.name in floats and value.name not in initializers:
+            nodes += rounded(value.name)
+    for node in graph.node:
+        for slot, name in enumerate(node.input):
+            node.input[slot] = renamed.get(name, name)
+        nodes.append(node)
+        for name in node.output:
+            if name in floats:
+                nodes += rounded(name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for output in graph.output:  # the outputs leave rounded too
+        if output.name in renamed:
+            graph.node.append(helper.make_node("Identity", [renamed[output.name]], [output.name + "__out"]))
+            output.name = output.name + "__out"
+    return model.SerializeToString()
+
+
+def compare(expected: np.ndarray, actual: np.ndarray, half: bool, in_fp16: np.ndarray | None = None) -> str | None:
+    """Whether ``actual`` is ``expected``, within rtol / atol; with an fp16 place (``half``), within fp16's
+    rounding at the element's and the output's magnitude, and, where ``in_fp16`` (the input model computed
+    with its values stored in fp16) is given, within twice what fp16 itself moved each element."""
     if expected.dtype != actual.dtype:
         return f"element type {actual.dtype} instead of {expected.dtype}"
     if expected.shape != actual.shape:
@@ -739,6 +794,9 @@ def compare(expected: np.ndarray, actual: np.ndarray, half: bool) -> str | None:
             representable = finite & (np.abs(e) <= FP16_MAX / 2)
             scale = float(np.max(np.abs(e[representable]))) if representable.any() else 0.0
             allowed = FP16_RTOL * np.abs(e) + ATOL + FP16_SCALE * scale
+            if in_fp16 is not None and in_fp16.shape == e.shape:
+                moved = np.abs(in_fp16.astype(np.float64) - e)
+                allowed = allowed + 2 * np.where(np.isnan(moved), 0.0, moved)
             # beyond fp16's range, or NaN / inf where fp16 overflowed on the way: fp16's, not a bug
             out_of_range = ~finite | (np.abs(e) > FP16_MAX / 2) | (~np.isfinite(a) & finite)
             close = same | (np.abs(e - a) <= allowed) | (out_of_range if half else False)

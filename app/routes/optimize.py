@@ -36,7 +36,8 @@ FORM_SCHEMA = {
             "options": {"type": "string", "example": '{"input_shapes": {"x": [1, 3, 640, 640]}}',
                         "description": "JSON object of engine options: input_shapes, opt_level, "
                                        "disabled_passes, pipeline, portable, fp16_storage, host_fallback, "
-                                       "check_support_only, verify, allow_unverified, verify_runs, rtol, atol, "
+                                       "check_support_only, verify, allow_unverified, precision_fallback, verify_runs, "
+                                       "rtol, atol, "
                                        "dim_bounds, cut_start, cut_end, target_opset, strict; and cache (default "
                                        "true: reuse the result of an earlier job with the same model, places, "
                                        "options and engine; false: run anyway)"},

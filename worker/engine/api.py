@@ -109,7 +109,8 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options, chunk_bytes=chunk_bytes,
                                                              mapped_bytes=input_bytes)
     with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
-        trace = manager.run(ctx, (*cut_steps, *get_pipeline(options.pipeline).steps_for(options)))
+        steps = (*cut_steps, *get_pipeline(options.pipeline).steps_for(options))
+        trace = manager.run(ctx, steps)
         rtol, atol = tolerances(options, places)
         verification: dict[str, Any] | None = None
         # A cut model has the start values for inputs: the shapes given for inputs it lost do not apply.
@@ -139,7 +140,35 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
 
         limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
                             input_bytes)
-        saved = save_model(model, output_path, check=check)
+        try:
+            saved = save_model(model, output_path, check=check)
+        except VerificationError as exc:
+            if not _falls_back(options, places, exc):
+                raise
+            if chunk_bytes:  # run piece by piece: too large to trace every value and rebuild per step
+                raise VerificationError(f"{exc}. Auto mixed precision does not run on a model verified piece "
+                                        f"by piece (larger than {chunk_bytes >> 20} MiB of weights per piece); "
+                                        f"give an fp32 place instead") from None
+
+            def build(pinned) -> tuple:
+                again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
+                                   target_opset=options.target_opset)
+                apply_input_shapes(again.graph, options.input_shapes)
+                rebuilt = PassContext(model=again, options=options, places=places, kernels=ctx.kernels,
+                                      input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
+                rebuilt.sample_shapes = ctx.sample_shapes
+                again_manager = PassManager()
+                return again, rebuilt, again_manager.run(rebuilt, steps), again_manager
+
+            verify_args = dict(input_shapes=shapes, shape_sets=ctx.sample_shapes["shapes"] if ctx.sample_shapes
+                               else None, runs=options.verify_runs, rtol=rtol, atol=atol,
+                               timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+            fallback, pinned = fall_back(model, str(exc), reference, directory, build, verify_args)
+            if pinned is None:
+                raise VerificationError(f"{exc} {fallback['refusal']}") from None
+            model, ctx, trace, manager = pinned
+            ctx.report["precision_fallback"] = fallback
+            saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
         "model": {"input": before, "output": {"path": str(output_path), "nodes": len(model.graph),
@@ -161,6 +190,92 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     report["seconds"] = round(time.perf_counter() - started, 3)
     report["summary"] = build_summary(report, has_kernel=lambda op, target: _has_kernel(ctx.kernels, op, target))
     return report
+
+
+def _falls_back(options: OptimizeOptions, places: ValidPlaces, exc: VerificationError) -> bool:
+    """Auto mixed precision applies: asked for, a place computes in fp16, the models ran and differ."""
+    return (options.precision_fallback and getattr(exc, "mismatch", None) is not None
+            and any(p.precision is Precision.FP16 for p in places))
+
+
+def fall_back(model, failure: str, reference: Path, directory: Path, build: Callable,
+              verify_args: dict[str, Any]) -> tuple[dict[str, Any], tuple | None]:
+    """Auto mixed precision (``worker.engine.amp``) for a built ``model`` that failed verification with
+    ``failure``: the report section and the rebuilt (model, ctx, trace, manager) with the fewest nodes pinned
+    to fp32 that verifies, or None (the section's ``refusal`` says why)."""
+    from worker.engine import amp
+
+    started = time.perf_counter()
+    section: dict[str, Any] = {"failure": failure, "nodes": [], "runs": 0, "ranked": 0}
+    built: dict[str, tuple] = {}
+    with tempfile.TemporaryDirectory(prefix=".mirserve-amp-", dir=directory) as scratch:
+        first = Path(scratch) / "fp16.onnx"
+        save_model(model, first)
+        shape_sets = verify_args["shape_sets"]
+        shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
+        try:
+            errors = verify_errors(str(reference), str(first), shapes, verify_args)
+        except VerificationError as exc:
+            section["refusal"] = f"Auto mixed precision could not trace the error: {exc}"
+            return section, None
+        order = amp.rank(model.graph, errors)
+        section["ranked"] = len(order)
+        if not order:
+            section["refusal"] = "No node computes in fp16, so auto mixed precision has nothing to move to fp32."
+            return section, None
+
+        def trial(names) -> tuple[bool, str]:
+            attempt = build(names)
+            candidate = Path(scratch) / "trial.onnx"
+            save_model(attempt[0], candidate)
+            try:
+                verify(str(reference), str(candidate), **verify_args)
+            except VerificationError as exc:
+                return False, str(exc)
+            finally:
+                candidate.unlink(missing_ok=True)
+            built["last"] = attempt  # the search ends on the last set that verified
+            return True, "verified"
+
+        outcome = amp.search(order, trial)
+    section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
+    if not outcome.passed:
+        section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "
+                              f"places, and the output still does not verify: {outcome.steps[-1]['found']}"
+                              if outcome.steps else "Auto mixed precision found nothing to try.")
+        return section, None
+    rebuilt = built["last"]
+    from worker.engine.passes.place.type_layout_cast import picked_name
+
+    nodes = {picked_name(n): n for n in rebuilt[0].graph}
+    for item in outcome.pinned:
+        node = nodes.get(item.node)
+        place = str(node.pick.place) if node is not None and getattr(node, "pick", None) is not None else None
+        section["nodes"].append({"node": item.node, "op": item.op, "place": place, "growth": _finite(item.growth),
+                                 "error": _finite(item.error), "why": amp.describe(item)})
+    return section, rebuilt
+
+
+def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> dict:
+    from worker.engine.numeric import value_errors
+
+    return value_errors(reference, candidate, shapes=shapes, rtol=verify_args["rtol"], atol=verify_args["atol"],
+                        timeout=verify_args["timeout"], memory_mb=verify_args["memory_mb"])
+
+
+def _declared_shapes(model, given: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The inputs' shapes: given, or declared (a dim left open: 1)."""
+    shapes = {}
+    for value in model.graph.inputs:
+        if value.is_initializer:
+            continue
+        shapes[value.name] = list(given.get(value.name) or [d if isinstance(d, int) and d > 0 else 1
+                                                            for d in (value.shape or ())])
+    return shapes
+
+
+def _finite(x: float) -> float | None:
+    return None if x >= 1e29 else round(x, 3)
 
 
 def memory_at(memory: Mapping[str, Any], dims: str) -> dict[str, Any]:

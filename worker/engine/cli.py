@@ -78,6 +78,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
     cmd.add_argument("--allow-unverified", action="store_true",
                      help="write a model that cannot be verified (onnxruntime cannot run the input) with a "
                           "warning, instead of failing")
+    cmd.add_argument("--no-precision-fallback", action="store_true",
+                     help="with fp16 places, fail when the output does not verify (by default the fewest nodes "
+                          "that must compute in fp32 are moved to an fp32 place and it is verified again)")
     cmd.add_argument("--strict", action="store_true",
                      help="fail the run when a pass fails (by default its edits are undone, the run goes on "
                           "without it and warns)")
@@ -187,6 +190,7 @@ def options_from_args(args: argparse.Namespace) -> OptimizeOptions:
         places=args.places, input_shapes=shapes, opt_level=args.opt_level, dim_bounds=bounds,
         disabled_passes=tuple(args.disable_pass), pipeline=args.pipeline, portable=args.portable,
         verify=not args.no_verify, allow_unverified=args.allow_unverified, verify_runs=args.verify_runs, rtol=args.rtol, atol=args.atol,
+        precision_fallback=not getattr(args, "no_precision_fallback", False),
         fp16_storage=args.fp16_storage, host_fallback=not args.no_host_fallback,
         check_support_only=getattr(args, "check_support", False), cut_start=_value_names(args.cut_start),
         cut_end=_value_names(args.cut_end), target_opset=args.target_opset,
@@ -334,7 +338,13 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
         from worker.engine.sample_shapes import describe_shapes
 
         shapes = " at " + " and ".join(describe_shapes(s) for s in verification["shapes"])
-    return line + (f"; verified on {verification['runs']} run(s){shapes}, max abs diff {worst:.3g}")
+    line += f"; verified on {verification['runs']} run(s){shapes}, max abs diff {worst:.3g}"
+    fallback = report.get("precision_fallback")
+    if fallback and fallback.get("nodes"):
+        line += (f"\nauto mixed precision: fp16 failed verification, so {len(fallback['nodes'])} node(s) compute "
+                 f"in fp32 ({fallback['runs']} verification run(s) to find them):")
+        line += "".join(f"\n  {n['node']} ({n['op']}) on {n['place']}: {n['why']}" for n in fallback["nodes"])
+    return line
 
 
 def support_summary(support: dict[str, Any], width: int | None = None) -> str:

@@ -73,16 +73,38 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
         note = f" ({worst['note']})" if worst.get("note") else ""
         shapes = report["shapes"][worst["set"]] if report.get("shapes") else {}
         where = f" at input shapes {_describe(shapes)}" if shapes else ""
-        raise VerificationError(
+        error = VerificationError(
             f"the optimized model does not compute what the input computed: output {worst['name']!r} "
             f"differs by up to {worst['max_abs_diff']:.3g} (relative {worst['max_rel_diff']:.3g}) "
             f"on run {worst['run']}{where}, beyond rtol {rtol:g} / atol {atol:g}{note}")
+        error.mismatch = report  # the models ran and differ (auto mixed precision may act on it)
+        raise error
     for entry in report["outputs"]:
         entry.pop("excess", None)
         for key in ("max_abs_diff", "max_rel_diff"):  # JSON has no infinity
             if entry[key] is not None and not math.isfinite(entry[key]):
                 entry[key] = None
     return report
+
+
+def value_errors(reference: str, candidate: str, *, shapes: Shapes, rtol: float, atol: float, seed: int = 0,
+                 timeout: float = 300, memory_mb: int = 0) -> dict[str, float]:
+    """How far each value of the candidate's main graph is from the value of the same name in the reference,
+    both run once on the same seeded inputs of ``shapes`` with every value as an output: the largest
+    ``|candidate - reference| / (atol + rtol * |reference|)`` over its elements (1 is at the tolerance's edge;
+    1e30 for a non-finite element where the reference has a finite one). An NHWC value (the reference's
+    NCHW shape permuted) is compared transposed back; values that exist in one model only, or whose shapes
+    differ otherwise, are left out. Raises VerificationError when either model cannot run."""
+    request = {"mode": "errors", "reference": str(reference), "candidate": str(candidate), "rtol": rtol,
+               "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in shapes.items()}}
+    answer = _run_child(request, timeout, memory_mb, "tracing the error of every value")
+    if answer.get("error"):
+        raise VerificationError(answer["error"])
+    return answer["errors"]
+
+
+#: An error for a value that is not finite where the reference's is (JSON has no infinity).
+NOT_FINITE_ERROR = 1e30
 
 
 #: How allocation failures read in the messages of Python, numpy, onnxruntime and the C++ runtime.
@@ -170,7 +192,69 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
 _CHUNK_BYTES = 0
 
 
-def _session(path: str):
+def _stored_in_fp16(source):
+    """The model (a path or its bytes) with every fp16 value its main graph passes between nodes stored in fp16,
+    as bytes, or ``source`` itself when it has none.
+
+    onnxruntime's CPU provider has no fp16 kernel for most ops: it runs them in fp32 between casts it
+    inserts, and then drops each Cast(fp32 -> fp16) -> Cast(fp16 -> fp32) pair as redundant, even with graph
+    optimizations off. An fp16 model then computes in fp32 from end to end, and verification would miss
+    what fp16 does to it (rounding, overflow to infinity); an input model with fp16 values, too. Two Identities
+    on each fp16 value (real fp16 kernels; a lone one between ops without fp16 kernels is itself run in fp32)
+    keep the casts apart, so each value is rounded to fp16 as a device computing in fp16 stores it. Both
+    models of a verification run so: for a model without fp16 values nothing changes (nor for one run piece
+    by piece, too large to load whole).
+    """
+    import onnx
+
+    if _CHUNK_BYTES:  # a model run piece by piece is not loaded whole: as it is
+        return source
+    model = onnx.load(source) if isinstance(source, str) else (
+        onnx.load_from_string(source) if isinstance(source, bytes) else source)
+    if not _names_fp16(model):
+        return source
+    graph = model.graph
+    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    if any(name not in known for node in graph.node for name in node.output if name):
+        try:  # types of the values the model does not declare
+            model = onnx.shape_inference.infer_shapes(model)
+            graph = model.graph
+        except Exception:  # noqa: BLE001 - what it declares is used
+            pass
+    fp16 = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+    consumed = {name for node in graph.node for name in node.input}
+    if not fp16 & consumed:
+        return source
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for slot, name in enumerate(node.output):
+            if name in fp16 and name in consumed:
+                computed, widened = f"{name}__computed", f"{name}__fp16"
+                node.output[slot] = computed
+                nodes += [onnx.helper.make_node("Identity", [computed], [widened], name=f"{name}__stored_fp16"),
+                          onnx.helper.make_node("Identity", [widened], [name], name=f"{name}__kept_fp16")]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model.SerializeToString()
+
+
+def _names_fp16(model) -> bool:
+    """The model's main graph declares an fp16 value, holds an fp16 constant or casts to fp16."""
+    import onnx
+
+    half = onnx.TensorProto.FLOAT16
+    graph = model.graph
+    return (any(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == half
+                for v in (*graph.value_info, *graph.input, *graph.output))
+            or any(t.data_type == half for t in graph.initializer)
+            or any(a.name == "to" and a.i == half for n in graph.node if n.op_type == "Cast" for a in n.attribute)
+            or any(a.t.data_type == half for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.HasField("t")))
+
+
+def _session(path):
     import onnxruntime as ort
 
     if _CHUNK_BYTES:
@@ -313,6 +397,8 @@ def _child(request: dict) -> dict:
     _CHUNK_BYTES = int(request.get("chunk_bytes") or 0)
     if request.get("mode") == "choose":
         return _child_choose(request)
+    if request.get("mode") == "errors":
+        return _child_errors(request)
     return _child_verify(request)
 
 
@@ -324,6 +410,57 @@ def _child_choose(request: dict) -> dict:
     if _ungenerated(reference):  # verification will say so; nothing to choose
         return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
     return _choose(reference, request["given"], request["seed"])
+
+
+def _every_value_session(path: str, fp16_stored: bool = False):
+    """A session of the model at ``path`` whose outputs are its own and every value its main graph computes
+    (with each fp16 value stored in fp16 when ``fp16_stored``, as verification runs the candidate)."""
+    import onnx
+
+    loaded = _stored_in_fp16(path) if fp16_stored else path
+    model = onnx.load(loaded) if isinstance(loaded, str) else onnx.load_from_string(loaded)
+    have = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for name in node.output:
+            if name and name not in have:
+                model.graph.output.append(onnx.ValueInfoProto(name=name))
+                have.add(name)
+    return _session(model.SerializeToString())
+
+
+def _child_errors(request: dict) -> dict:
+    import numpy as np
+
+    try:
+        reference = _every_value_session(request["reference"], True)
+        candidate = _every_value_session(request["candidate"], True)
+        feeds = _feeds(reference, request["shapes"], np.random.default_rng(request["seed"]))
+        names = [o.name for o in reference.get_outputs()]
+        expected = dict(zip(names, reference.run(names, feeds)))
+        wanted = {i.name for i in candidate.get_inputs()}
+        found = [o.name for o in candidate.get_outputs()]
+        actual = dict(zip(found, candidate.run(found, {k: v for k, v in feeds.items() if k in wanted})))
+    except Exception as exc:
+        return {"error": f"tracing the error of every value failed: {runtime_message(exc)}"}
+    rtol, atol = request["rtol"], request["atol"]
+    errors = {}
+    for name, b in actual.items():
+        a = expected.get(name)
+        if a is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.dtype.kind != "f" \
+                or b.dtype.kind != "f":
+            continue
+        if b.shape != a.shape and b.ndim == 4 and b.shape == (a.shape[0], a.shape[2], a.shape[3], a.shape[1]):
+            b = b.transpose(0, 3, 1, 2)
+        if b.shape != a.shape or a.size == 0:
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            equal = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+            diff = np.where(equal, 0.0, np.abs(a64 - b64))
+            ratio = diff / (atol + rtol * np.abs(np.where(np.isfinite(a64), a64, 0.0)))
+        ratio = np.where(np.isfinite(ratio), ratio, NOT_FINITE_ERROR)
+        errors[name] = float(min(ratio.max(), NOT_FINITE_ERROR))
+    return {"errors": errors}
 
 
 def _ungenerated(session) -> str | None:
@@ -362,12 +499,12 @@ def _child_verify(request: dict) -> dict:
     import numpy as np
 
     try:
-        reference = _session(request["reference"])
+        reference = _session(_stored_in_fp16(request["reference"]))
     except Exception as exc:
         return {"passed": None, "skipped": f"onnxruntime cannot run the input model: {runtime_message(exc)}",
                 "outputs": [], "runs": 0}
     try:
-        candidate = _session(request["candidate"])
+        candidate = _session(_stored_in_fp16(request["candidate"]))
     except Exception as exc:
         return {"error": f"onnxruntime cannot load the optimized model: {runtime_message(exc)}"}
     reason = _ungenerated(reference)

@@ -43,6 +43,9 @@ class OptimizeOptions:
     #: Publish a model that cannot be verified (onnxruntime cannot load or run the input) with ``verified``
     #: false and a warning, instead of failing the run.
     allow_unverified: bool = False
+    #: Auto mixed precision: when a model placed on fp16 places fails verification, find the fewest nodes
+    #: that must compute in fp32, move them to an fp32 place and verify again (off: fail the run).
+    precision_fallback: bool = True
     verify_runs: int = 1
     rtol: float | None = None
     atol: float | None = None
@@ -92,7 +95,7 @@ class OptimizeOptions:
         _expect(isinstance(self.pipeline, str) and bool(self.pipeline), "pipeline", "must be a pipeline name")
         _expect(len(self.places) <= MAX_PLACES_CHARS, "places", f"must be at most {MAX_PLACES_CHARS} characters")
         for name in ("portable", "fp16_storage", "host_fallback", "check_support_only", "verify", "allow_unverified",
-                     "strict"):
+                     "strict", "precision_fallback"):
             _expect(isinstance(getattr(self, name), bool), name, "must be true or false")
         _expect(isinstance(self.verify_runs, int) and not isinstance(self.verify_runs, bool)
                 and 1 <= self.verify_runs <= 16, "verify_runs", "must be an integer from 1 to 16")

@@ -151,8 +151,13 @@ def test_the_fused_op_runs_on_the_made_up_target_with_casts_around_it(example, t
     assert report["verification"]["passed"] is True and report["verification"]["rtol"] == 1e-2
     placed = Counter((n["op"], n["place"]) for n in report["kernels"]["nodes"] if n["place"].startswith("acme"))
     # every site but the last, whose result leaves the graph: copying it back to the host would cost more
-    # than the NPU saves (the plugin's cost figures against x86's), so the plan keeps that one on x86
-    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] == residual_norm_sites(BERT) - 1
+    # than the NPU saves (the plugin's cost figures against x86's), so the plan keeps that one on x86; and
+    # verification stores every fp16 value in fp16, as the device would: auto mixed precision may keep a
+    # few more in fp32 (named in the report)
+    kept = {n["node"] for n in (report.get("precision_fallback") or {}).get("nodes", [])}
+    assert len(kept) <= 2
+    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] + len(kept) >= residual_norm_sites(BERT) - 1
+    assert placed[("mirserve.SkipLayerNormalization", "acme/fp16/nchw")] <= residual_norm_sites(BERT) - 1
     assert report["placement"]["cost"] <= report["placement"]["greedy_cost"]
     assert {op for op, _ in placed} == {"mirserve.SkipLayerNormalization", "mirserve.io_copy", "mirserve.calib"}
     casts = report["kernels"]["casts"]

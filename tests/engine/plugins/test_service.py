@@ -74,10 +74,15 @@ def test_a_job_on_the_plugins_target_runs_the_fused_op_there(server):
     assert response.status_code == 202, response.text
     job = server.wait_for(response.json()["id"])
     assert job["status"] == "succeeded", job["error"]
-    nodes = server.client.get(job["links"]["report"]).json()["kernels"]["nodes"]
+    report = server.client.get(job["links"]["report"]).json()
+    nodes = report["kernels"]["nodes"]
     places = Counter(n["place"] for n in nodes if n["op"] == "mirserve.SkipLayerNormalization")
-    # the last site's result leaves the graph: copying it back costs more than the NPU saves (the plan)
-    assert places == {"acme/fp16/nchw": residual_norm_sites(BERT) - 1, "x86/fp32/nchw": 1}
+    # the last site's result leaves the graph: copying it back costs more than the NPU saves (the plan); and
+    # verified with fp16 values stored in fp16, auto mixed precision may keep a few more in fp32 (named)
+    kept = {n["node"] for n in (report.get("precision_fallback") or {}).get("nodes", [])}
+    assert len(kept) <= 2 and set(places) <= {"acme/fp16/nchw", "x86/fp32/nchw"}
+    assert places["acme/fp16/nchw"] + places["x86/fp32/nchw"] == residual_norm_sites(BERT)
+    assert 1 <= places["x86/fp32/nchw"] <= 1 + len(kept)
 
 
 def test_a_job_asking_for_the_broken_plugins_pipeline_fails_with_its_error(server):

@@ -139,6 +139,9 @@ class PassContext:
     #: Bytes of the input model file: the optimized model's weights may grow to ``limits.output_limit`` of it
     #: (None, for a model that came from no file: only the folding budget applies).
     input_bytes: int | None = None
+    #: Names of nodes that must not compute in fp16 (auto mixed precision pins them after verification failed
+    #: in fp16): kernel pick drops their fp16 candidates, taking fp16 inputs in fp32 through a calib.
+    pinned_fp32: frozenset[str] = frozenset()
     #: The passes the manager was asked to run in this run, in order (a pass may ask whether a later one,
     #: such as kernel pick, will run; ``skip_reason`` says whether it would be skipped).
     planned_passes: tuple[str, ...] = ()

@@ -175,3 +175,27 @@ def test_the_plan_is_deterministic():
              for ctx in runs]
     assert picks[0] == picks[1]
     assert runs[0].report["placement"]["cost"] == runs[1].report["placement"]["cost"]
+
+
+def test_equal_costs_go_to_the_place_the_user_listed_first():
+    first, second = ("arm", FP16, NCHW), ("arm", FP32, NCHW)
+    options = [plan.Option(None, 500.0 + plan.TIE * rank, 500.0, state, (state,), (state,))
+               for rank, state in ((1, second), (0, first))]  # the greedy pick (index 0) is the second place
+    p = plan.Problem([None], [options], [plan.Flow(FakeValue((4, 4)), 0, 0, [], None)], default_cost_model())
+    choice, figures = search.solve(p, [0])
+    assert options[choice[0]].place == first and figures.cost < figures.greedy_cost
+
+
+def test_a_plugin_states_its_targets_cost():
+    from worker.engine.kernels.cost import register_target_cost, unregister_target_cost
+    assert default_cost_model().target("made_up_npu") is default_cost_model().targets["default"]
+    register_target_cost("made_up_npu", {"mac": {"default": 0.001}, "byte": 0.01, "io_copy": {"fixed": 5, "byte": 0}})
+    try:
+        model = default_cost_model()
+        assert model.compute("made_up_npu", FP16, 1000, 0) == pytest.approx(1.0)
+        assert model.cast("io_copy", 10**6, "made_up_npu") == 5 and model.cast("io_copy", 10**6) > 5
+    finally:
+        unregister_target_cost("made_up_npu")
+    assert "made_up_npu" not in default_cost_model().targets
+    with pytest.raises(CostModelError, match="targets.bad.mac must be a table with a 'default' figure"):
+        register_target_cost("bad", {"mac": {"fp16": 1}, "byte": 1})

@@ -291,10 +291,23 @@ def _options(ctx: PassContext) -> tuple[list[Node], list[list], dict]:
         if not node.subgraphs() and not is_cast(node):
             variants += [ranked_for(ctx.kernels, node, v, ctx.places, portable, fits, ranks)[0]
                          for v in plan.input_variants(facts, ctx.places, variants_memo)]
-        _outputs_of(ranked[0].pick, node, current)
+        if node.name in ctx.pinned_fp32:
+            variants = _pinned(variants, ctx, node, facts, portable, fits)
+        _outputs_of(variants[0][0].pick, node, current)
         nodes.append(node)
         options.append(plan.build_options(node, variants, ctx.places, model))
     return nodes, options, failures
+
+
+def _pinned(variants: list[list[Candidate]], ctx: PassContext, node: Node, facts: NodeFacts, portable: bool,
+            fits: dict) -> list[list[Candidate]]:
+    """A pinned node's candidates that do not compute in fp16 (``ctx.pinned_fp32``: auto mixed precision), its
+    fp16 inputs taken in fp32 when its kernels follow their inputs' precision; its own candidates when it has
+    no other (it cannot be pinned)."""
+    kept = [k for k in ([c for c in v if c.scored.resolved.precision is not Precision.FP16] for v in variants) if k]
+    if not kept:
+        kept = [sorted(_in_fp32(ctx.kernels, node, facts, ctx.places, portable, fits), key=Candidate.sort_key)]
+    return kept if kept[0] else variants
 
 
 def _no_kernel_message(failures: dict, places: ValidPlaces) -> str:

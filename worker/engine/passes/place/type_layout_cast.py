@@ -80,10 +80,21 @@ def wrap_nhwc(graph: Graph, node: Node, opset: int) -> Node | None:
         bias = Port(pick.kernel.target, resolved.precision, Layout.NCHW)
         pick = Pick(dataclasses.replace(resolved, inputs=resolved.inputs + (bias,)), pick.qdq)
     wrapped = graph.add_node(form.name, inputs, list(node.outputs), domain=domain.DOMAIN,
-                             name=node.name + "_nhwc", attributes=attributes, before=node)
+                             name=node.name + NHWC_SUFFIX, attributes=attributes, before=node)
     graph.remove_node(node)
     annotate(wrapped, pick)
     return wrapped
+
+
+#: What the NHWC form of a node adds to its name.
+NHWC_SUFFIX = "_nhwc"
+
+
+def picked_name(node: Node) -> str:
+    """The name ``node`` had when kernel pick chose its kernel (its NHWC form is renamed after)."""
+    if node.domain == domain.DOMAIN and node.op_type.startswith("Nhwc") and node.name.endswith(NHWC_SUFFIX):
+        return node.name[:-len(NHWC_SUFFIX)]
+    return node.name
 
 
 def _zero_bias(graph: Graph, node: Node, weight_shape, group: int) -> Value:

@@ -312,7 +312,7 @@ def solve(problem: Problem, greedy: list[int]) -> tuple[list[int], Figures]:
     start = time.perf_counter()
     greedy_cost, budget = problem.total(greedy), problem.cast_load(greedy)
     choice, method = None, ""
-    if budget == (0, 0) and problem.compute(greedy) <= problem.lower_bound() * (1 + 1e-12):
+    if budget == (0, 0) and all(costs[g] == min(costs) for costs, g in zip(problem.costs, greedy)):
         choice, method = list(greedy), "exact (the greedy pick meets the lower bound)"
     elif is_forest(problem):
         exact = solve_forest(problem)

@@ -1,0 +1,143 @@
+"""Auto mixed precision: the fewest nodes that must compute in fp32 for a model placed on fp16 places to verify.
+
+When verification fails with fp16 places, the failed candidate and the input model run once more, each with
+every value of the main graph as an output (``numeric.value_errors``): each value gets its error against the
+input's, in units of the verification tolerance. A node's *error growth* is the error of its outputs less the
+largest error it was given (through casts, which add none of their own), so a node that merely passes on an
+error its producers made ranks low. The nodes computing in fp16 are ranked by growth, and a bisection over
+that order finds the shortest prefix that verifies when pinned to fp32 (``PassContext.pinned_fp32``, read by
+static_kernel_pick); each step rebuilds the model and verifies it (one runtime run of each model). Then each
+pinned node, least ranked first, is tried without its pin, so no pinned node is there for nothing.
+
+onnxconverter-common's ``auto_mixed_precision`` bisects too, but over the nodes in graph order, blind to
+where the error comes from, so it needs many more steps (``bench/amp.py`` measures both).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from worker.engine.ir import Graph, Node
+from worker.engine.passes.place.type_layout_cast import picked_name
+from worker.engine.passes.support.casts import is_cast
+from worker.engine.places import Precision
+
+#: An error that is not finite (``numeric.NOT_FINITE_ERROR``).
+NOT_FINITE = 1e30
+#: Pinned nodes are each tried without their pin when there are at most this many (one step each).
+MAX_PRUNE = 12
+
+
+@dataclass
+class Ranked:
+    node: str  # its name when kernel pick ran, which pins it
+    op: str
+    growth: float  # error made here, in tolerances (outputs' error less the inputs')
+    error: float  # the error of its outputs, in tolerances
+
+
+@dataclass
+class Outcome:
+    pinned: list[Ranked] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    passed: bool = False
+
+    @property
+    def runs(self) -> int:
+        return len(self.steps)
+
+
+def fp16_nodes(graph: Graph) -> list[Node]:
+    """Compute nodes of the main graph placed to compute in fp16 (casts are not computation)."""
+    return [n for n in graph if getattr(n, "pick", None) is not None and not is_cast(n)
+            and n.pick.place.precision is Precision.FP16]
+
+
+def rank(graph: Graph, errors: dict[str, float]) -> list[Ranked]:
+    """The fp16 nodes, most error growth first; ties (and nodes whose outputs could not be compared: last)
+    in graph order."""
+    memo: dict[str, float] = {}
+
+    def arrived(value) -> float:
+        """The error a value carries: measured, or what the cast producing it was given."""
+        if value is None:
+            return 0.0
+        if value.name in errors:
+            return errors[value.name]
+        if value.name in memo:
+            return memo[value.name]
+        memo[value.name] = 0.0
+        producer = value.producer
+        if producer is not None and is_cast(producer):
+            memo[value.name] = max((arrived(v) for v in producer.inputs), default=0.0)
+        return memo[value.name]
+
+    ranked = []
+    for index, node in enumerate(fp16_nodes(graph)):
+        measured = [errors[v.name] for v in node.outputs if v is not None and v.name in errors]
+        if not measured:  # only through a cast after it: what the cast's output carries
+            measured = [arrived(c.outputs[0]) for v in node.outputs if v is not None for c in v.consumers()
+                        if is_cast(c) and c.outputs]
+        given = max((arrived(v) for v in node.inputs), default=0.0)
+        error = max(measured, default=0.0)
+        growth = 0.0 if given >= NOT_FINITE else max(error - given, 0.0)
+        op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+        ranked.append((not measured, -growth, -error, index, Ranked(picked_name(node), op, growth, error)))
+    ranked.sort(key=lambda item: item[:4])
+    return [item[4] for item in ranked]
+
+
+Trial = Callable[[Sequence[str]], "tuple[bool, str]"]
+
+
+def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outcome:
+    """The shortest prefix of ``order`` that verifies when pinned (``trial(names)`` -> passed, what it found),
+    then each of its nodes tried without its pin (when ``prune``). Assumes pinning more never hurts."""
+    outcome = Outcome()
+
+    def attempt(chosen: Sequence[Ranked]) -> bool:
+        started = time.perf_counter()
+        passed, found = trial([r.node for r in chosen])
+        outcome.steps.append({"pinned": len(chosen), "passed": passed, "found": found,
+                              "seconds": round(time.perf_counter() - started, 3)})
+        return passed
+
+    if not order or not attempt(order):
+        return outcome
+    low, high = 0, len(order)  # prefix low fails (the first build: no pins), prefix high passes
+    while high - low > 1:
+        middle = (low + high) // 2
+        if attempt(order[:middle]):
+            high = middle
+        else:
+            low = middle
+    chosen = list(order[:high])
+    if prune and 1 < len(chosen) <= MAX_PRUNE:
+        for item in reversed(list(chosen)):
+            rest = [r for r in chosen if r is not item]
+            if attempt(rest):
+                chosen = rest
+    outcome.pinned, outcome.passed = chosen, True
+    return outcome
+
+
+def graph_order_search(graph_order: Sequence[Ranked], trial: Trial) -> Outcome:
+    """The baseline (onnxconverter-common's way): the same bisection over the nodes in graph order, without
+    the error ranking, and no pruning."""
+    return search(graph_order, trial, prune=False)
+
+
+def describe(item: Ranked) -> str:
+    """Why a node was pinned, as a sentence."""
+    if item.growth >= NOT_FINITE:
+        return "in fp16 its output leaves fp16's range (65504) or turns non-finite where the input model's does not"
+    if item.growth > 0:
+        return (f"in fp16 it adds {_fmt(item.growth)} x the verification tolerance to the error of its inputs "
+                f"(its output is off by {_fmt(item.error)} x the tolerance)")
+    return (f"in fp16 it adds no error of its own (its output is off by {_fmt(item.error)} x the tolerance, "
+            f"as its inputs are), but the output verifies only with it computed in fp32 too")
+
+
+def _fmt(x: float) -> str:
+    return "inf" if x >= NOT_FINITE else f"{x:.3g}"
