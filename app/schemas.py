@@ -50,6 +50,11 @@ class HostFallback(BaseModel):
     nodes: int
     examples: list[str] = Field(description="a few of the nodes")
     reason: str = Field(description="why no place the user listed runs them")
+    kind: str | None = Field(None, description="the kind of reason: no kernel, precision, layout, constraints, "
+                                               "rewrite (an op a rewrite made), plan (a listed place applied, the placement "
+                                               "plan chose the host), pick (a listed place applied)")
+    user_place_possible: int | None = Field(None, description="how many of the nodes a place the user listed "
+                                                              "could have run (each is also a warning)")
 
 
 class MemorySpace(BaseModel):
@@ -101,6 +106,8 @@ class JobSummary(BaseModel):
     op_types: list[OpTypeCount] | None = Field(None, description="top-level nodes per op type, before and after")
     nodes_per_place: dict[str, int] | None = None
     casts: dict[str, int] | None = Field(None, description="io_copy, calib and layout casts inserted")
+    cast_bytes: dict[str, int | None] | None = Field(None, description="bytes the casts of each kind write "
+                                                                       "(null when a shape is not static)")
     host_fallbacks: list[HostFallback] | None = Field(None, description="nodes on a host place the user did not "
                                                       "list, by op, with the reason")
     memory_spaces: list[MemorySpace] | None = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -70,13 +71,30 @@ def _names_a_real_model(value) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name) runs real
-    models: it gets the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test
-    having to remember the mark."""
+    """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name), or whose
+    own code opens one (it names ``CORPUS``, ``light_models()`` or ``all_models()``), runs real models: it gets
+    the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test having to remember
+    the mark."""
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec and any(_names_a_real_model(v) for v in callspec.params.values()):
+        if callspec and any(_names_a_real_model(v) for v in callspec.params.values()) \
+                or _opens_a_real_model(getattr(item, "function", None)):
             item.add_marker(pytest.mark.models)
+
+
+def _opens_a_real_model(function) -> bool:
+    import inspect
+
+    if function is None:
+        return False
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return bool(_REAL_MODEL_CODE.search(source))
+
+
+_REAL_MODEL_CODE = re.compile(r"\bCORPUS\b(?!_SHAPES\b)|\blight_models\(|\ball_models\(")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -24,6 +24,18 @@ def cls_run(tmp_path_factory):
     return json.loads(report_path.read_text())
 
 
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    """The BERT encoder on ARM: shape arithmetic ARM has no kernel for falls back to host."""
+    out = tmp_path_factory.mktemp("summary_bert")
+    report_path = out / "report.json"
+    code = main(["optimize", str(CORPUS / "bert_small_dyn.onnx"), "-o", str(out / "bert.onnx"), "--input-shape",
+                 "input_ids=2,64", "--input-shape", "attention_mask=2,64", "--places", ARM_PLACES,
+                 "--report", str(report_path), "--quiet", "--no-verify"])
+    assert code == 0
+    return json.loads(report_path.read_text())
+
+
 @pytest.mark.models
 def test_the_summary_accounts_for_every_node_before_and_after(cls_run):
     summary = cls_run["summary"]
@@ -40,15 +52,34 @@ def test_the_summary_accounts_for_every_node_before_and_after(cls_run):
 
 
 @pytest.mark.models
-def test_host_fallbacks_name_the_op_and_why_no_listed_place_runs_it(cls_run):
-    fallbacks = cls_run["summary"]["host_fallbacks"]
-    on_host = [n for n in cls_run["kernels"]["nodes"]
+def test_the_classifier_has_no_host_fallback_since_arm_runs_its_fused_ops(cls_run):
+    # FusedConvHardSigmoid once fell back to host (no ARM kernel of its own); ARM now runs it because it runs
+    # Conv, Mul, Add and Clip in fp16 (a kernel derived from the body)
+    assert cls_run["summary"]["host_fallbacks"] == []
+    assert not any(n["place"].startswith("host/") for n in cls_run["kernels"]["nodes"])
+    casts = cls_run["kernels"]["casts"]
+    assert cls_run["summary"]["cast_bytes"] == {
+        kind: sum(c["bytes"] for c in casts if c["cast"] == kind) for kind in ("io_copy", "calib", "layout")}
+    assert all(isinstance(c["bytes"], int) and c["bytes"] > 0 for c in casts)
+
+
+@pytest.mark.models
+def test_host_fallbacks_name_the_op_and_why_no_listed_place_runs_it(bert_run):
+    fallbacks = bert_run["summary"]["host_fallbacks"]
+    on_host = [n for n in bert_run["kernels"]["nodes"]
                if n["place"].startswith("host/") and not n["op"] in ("mirserve.layout", "mirserve.calib",
                                                                       "mirserve.io_copy")]
     assert sum(f["nodes"] for f in fallbacks) == len(on_host) > 0
     for fallback in fallbacks:
         assert fallback["place"].startswith("host/") and fallback["examples"]
-        assert fallback["reason"] == f"no kernel for {fallback['op']} on arm"
+        assert fallback["kind"] in ("no kernel", "precision", "layout", "constraints", "rewrite", "pick")
+        if fallback["kind"] == "no kernel":
+            assert fallback["reason"] == f"no kernel for {fallback['op']} on arm"
+    assert "no kernel" in {f["kind"] for f in fallbacks}
+    # every node on host carries the reason place_report found for it
+    assert all("fallback" in n for n in on_host)
+    text = render_summary(bert_run["summary"], width=100)
+    assert "host fallbacks" in text and max(len(line) for line in text.splitlines()) <= 100
 
 
 @pytest.mark.models
@@ -71,8 +102,8 @@ def test_tables_fit_the_terminal_width(cls_run, width):
     text = render_summary(cls_run["summary"], width=width)
     assert max(len(line) for line in text.splitlines()) <= width
     flat = "".join(text.split())  # narrow tables fold long cells over several lines
-    for words in ("op types", "nodes per place", "host fallbacks", "memory per space", "verification",
-                  "mirserve.FusedConvHardSigmoid", "arm/fp16/nhwc", f"{cls_run['memory']['macs']['total']:,}"):
+    for words in ("op types", "nodes per place", "memory per space", "verification",
+                  "mirserve.NhwcConv", "arm/fp16/nhwc", f"{cls_run['memory']['macs']['total']:,}", "layout 2 ("):
         assert "".join(words.split()) in flat, words
 
 
@@ -86,7 +117,7 @@ def test_the_cli_prints_tables_or_json(tmp_path, capsys):
     assert printed["verification"]["skipped"] == "verification was turned off" and printed["warnings"] == []
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"wrote {tmp_path / 'cls.onnx'}: 566 -> ") and "host fallbacks" in out
+    assert out.startswith(f"wrote {tmp_path / 'cls.onnx'}: 566 -> ") and "nodes per place" in out
     assert "total" in out and "not verified" in out
 
 
@@ -103,11 +134,40 @@ def test_fallback_reasons_tell_a_missing_kernel_from_one_that_did_not_apply():
     registered = {("Conv", "arm")}
     summary = build_summary(report, has_kernel=lambda op, target: (op, target) in registered)
     assert summary["host_fallbacks"] == [
-        {"op": "Erf", "place": "host/fp32/nchw", "nodes": 2, "examples": ["a", "b"],
-         "reason": "no kernel for Erf on arm or cuda"},
-        {"op": "Conv", "place": "host/fp32/nchw", "nodes": 1, "examples": ["c"],
+        {"op": "Erf", "place": "host/fp32/nchw", "nodes": 2, "examples": ["a", "b"], "kind": "no kernel",
+         "reason": "no kernel for Erf on arm or cuda", "user_place_possible": 0},
+        {"op": "Conv", "place": "host/fp32/nchw", "nodes": 1, "examples": ["c"], "kind": "constraints",
          "reason": "arm has Conv kernels, but none accepts this node's element types, attributes or opset; "
-                   "cuda has none"}]
+                   "cuda has none", "user_place_possible": 0}]
+    assert summary["warnings"] == []
+
+
+def test_recorded_fallbacks_keep_their_kind_a_rewritten_op_is_a_rewrite_and_an_avoidable_one_warns():
+    report = {"options": {"places": "arm/fp16/nhwc"},
+              "model": {"input": {"op_types": {"Conv": 1, "Sigmoid": 1, "Mul": 1, "Where": 1}}},
+              "kernels": {"nodes": [
+                  {"node": "w", "op": "Where", "kernel": "host:Where:16-:any:any", "place": "host/fp32/nchw",
+                   "fallback": {"kind": "no kernel", "reason": "no kernel for Where on arm", "user_place": False}},
+                  {"node": "f", "op": "mirserve.FusedConvSilu", "kernel": "host:mirserve.FusedConvSilu:1-:any:nchw",
+                   "place": "host/fp16/nhwc",
+                   "fallback": {"kind": "precision", "reason": "no fp16 kernel", "user_place": False}},
+                  {"node": "m", "op": "Mul", "kernel": "host:Mul:14-:fp16:any", "place": "host/fp16/nhwc",
+                   "fallback": {"kind": "pick", "reason": "arm:Mul applies", "user_place": True}}],
+                  "places": {"host/fp32/nchw": 1, "host/fp16/nhwc": 2},
+                  "casts": [{"node": "c1", "cast": "calib", "bytes": 100}, {"node": "c2", "cast": "calib", "bytes": 28},
+                            {"node": "c3", "cast": "layout", "bytes": None}]}}
+    summary = build_summary(report)
+    kinds = {f["op"]: (f["kind"], f["user_place_possible"]) for f in summary["host_fallbacks"]}
+    assert kinds == {"Where": ("no kernel", 0), "mirserve.FusedConvSilu": ("rewrite", 0), "Mul": ("pick", 1)}
+    rewrite = next(f for f in summary["host_fallbacks"] if f["kind"] == "rewrite")
+    assert rewrite["reason"] == "a rewrite made mirserve.FusedConvSilu: no fp16 kernel"
+    assert summary["cast_bytes"] == {"io_copy": 0, "calib": 128, "layout": None}
+    possible, rewritten = summary["warnings"]
+    assert possible == "1 node(s) fell back to host where a place you listed was possible: Mul (pick: m)"
+    assert rewritten == ("1 node(s) fell back to host on ops a rewrite made, which no place you listed runs: "
+                         "mirserve.FusedConvSilu (f)")
+    text = render_summary(summary, width=200)
+    assert "calib 2 (128 B)" in text and "rewrite" in text
 
 
 def test_a_host_node_the_placement_plan_chose_is_told_from_a_fallback():

@@ -6,8 +6,10 @@ small dict (kept in the report as ``summary``, in the job row, and printed by ``
 before/after op counts and Paddle-Lite's ``opt`` prints what runs where:
 
 - op types before and after (top-level graph, like the node counts), total row last;
-- nodes per place, casts by kind (io_copy, calib, layout);
-- host fallbacks: nodes on a host place although the user listed no host place, by op, with the reason;
+- nodes per place, casts by kind (io_copy, calib, layout) with the bytes they write;
+- host fallbacks: nodes on a host place although the user listed no host place, by op, with the kind of
+  reason (no kernel, precision, layout, constraints, rewrite: an op a rewrite made) and the reason; a node
+  that fell back where a place the user listed was possible is also a warning;
 - per memory space: weights, planned arena, its lower bound, the Paddle-Lite-style figure, no reuse;
 - MACs, the verification figures, and warnings (passes or plugins that failed, a skipped verification).
 
@@ -43,6 +45,9 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
     kernels = report.get("kernels") or {}
     memory = report.get("memory") or {}
     user_targets = _user_targets(report)
+    fallbacks = _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
+                                set(before.get("op_types") or {}),
+                                (report.get("placement") or {}).get("host_by_choice") or {})
     return {
         "nodes": {"before": before.get("nodes"), "after": after.get("nodes")},
         "bytes": {"before": before.get("bytes"), "after": after.get("bytes")},
@@ -50,8 +55,8 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "op_types": _op_type_rows(before.get("op_types") or {}, after.get("op_types") or {}),
         "nodes_per_place": dict(kernels.get("places") or {}),
         "casts": _cast_counts(kernels.get("casts") or []),
-        "host_fallbacks": _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
-                                          (report.get("placement") or {}).get("host_by_choice") or {}),
+        "cast_bytes": _cast_bytes(kernels.get("casts") or []),
+        "host_fallbacks": fallbacks,
         "memory_spaces": _memory_spaces(memory),
         "io_bytes": memory.get("io_bytes"),
         "unplanned": [{"space": u.get("space"), "reason": u.get("reason")} for u in memory.get("unplanned") or []],
@@ -60,7 +65,7 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "macs_unknown_nodes": len((memory.get("macs") or {}).get("unknown") or []),
         "macs_unknown": _macs_unknown((memory.get("macs") or {}).get("unknown") or []),
         "verification": _verification(report.get("verification")),
-        "warnings": _warnings(report),
+        "warnings": _warnings(report, fallbacks),
         "cut": report.get("cut"),
         "placement": _placement(report.get("placement")),
         "precision_fallback": _precision_fallback(report.get("precision_fallback")),
@@ -117,26 +122,56 @@ def _cast_counts(casts: Iterable[Mapping[str, Any]]) -> dict[str, int]:
                                                                     if k not in CAST_KINDS}
 
 
+def _cast_bytes(casts: Iterable[Mapping[str, Any]]) -> dict[str, int | None]:
+    """Bytes the casts of each kind write; None for a kind when some of its casts have no static shape."""
+    totals: dict[str, int | None] = {}
+    for cast in casts:
+        kind, size = str(cast.get("cast")), cast.get("bytes")
+        if kind not in totals:
+            totals[kind] = 0
+        totals[kind] = None if size is None or totals[kind] is None else totals[kind] + int(size)
+    return {kind: totals.get(kind, 0) for kind in CAST_KINDS} | {k: v for k, v in totals.items()
+                                                                   if k not in CAST_KINDS}
+
+
 def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
-                    has_kernel: KernelLookup | None, by_choice: Mapping[str, int] | None = None
-                    ) -> list[dict[str, Any]]:
-    """Nodes that landed on a host place the user did not ask for, grouped by op and place, with the reason
-    (``by_choice``: op types the placement plan put on the host although a user's target runs them)."""
+                    has_kernel: KernelLookup | None, ops_before: set[str] = frozenset(),
+                    by_choice: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """Nodes that landed on a host place the user did not ask for, grouped by op, place and the kind of reason.
+
+    The reason is the one place_report recorded for the node, else one read off ``has_kernel`` (``by_choice``:
+    op types the placement plan put on the host although a user's target runs them, kind ``plan``); an op the
+    input model did not have (a fused op) was made by a rewrite, which is then the kind of reason.
+    """
     if HOST.name in user_targets:
         return []
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for node in nodes:
         place, op = node.get("place") or "", str(node.get("op"))
         if place.split("/", 1)[0] != HOST.name or op in CAST_OPS:
             continue
-        groups.setdefault((_kernel_op(node) or op, place), []).append(str(node.get("node")))
+        kernel_op = _kernel_op(node) or op
+        fallback = node.get("fallback") if isinstance(node.get("fallback"), Mapping) else None
+        if fallback is not None:
+            kind, reason, possible = str(fallback.get("kind")), str(fallback.get("reason")), bool(
+                fallback.get("user_place"))
+        else:
+            reason, possible = _fallback_reason(kernel_op, sorted(user_targets), has_kernel), False
+            kind = "no kernel" if reason.startswith("no kernel") else "constraints"
+            if (by_choice or {}).get(op):
+                kind, possible = "plan", True
+                reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
+                          f"casts around it there cost more")
+        if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc"):
+            kind, reason = "rewrite", f"a rewrite made {op}: {reason}"
+        group = groups.setdefault((kernel_op, place, kind), {"names": [], "reason": reason, "possible": 0})
+        group["names"].append(str(node.get("node")))
+        group["possible"] += possible
     found = []
-    for (op, place), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        reason = _fallback_reason(op, sorted(user_targets), has_kernel)
-        if (by_choice or {}).get(op):
-            reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
-                      f"casts around it there cost more")
-        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3], "reason": reason})
+    for (op, place, kind), group in sorted(groups.items(), key=lambda kv: (-len(kv[1]["names"]), kv[0])):
+        names = group["names"]
+        found.append({"op": op, "place": place, "nodes": len(names), "examples": names[:3], "kind": kind,
+                      "reason": group["reason"], "user_place_possible": group["possible"]})
     return found
 
 
@@ -193,8 +228,25 @@ def _verification(verification: Mapping[str, Any] | None) -> dict[str, Any]:
             "shapes": verification.get("shapes") if verification.get("dims") else None}
 
 
-def _warnings(report: Mapping[str, Any]) -> list[str]:
+def _warnings(report: Mapping[str, Any], fallbacks: Iterable[Mapping[str, Any]] = ()) -> list[str]:
     warnings = [str(w.get("message", w)) if isinstance(w, Mapping) else str(w) for w in report.get("warnings") or []]
+    planned = [f for f in fallbacks if f.get("kind") == "plan"]
+    if planned:
+        count = sum(int(f["nodes"]) for f in planned)
+        what = "; ".join(f"{f['op']} ({', '.join(f['examples'][:2])})" for f in planned[:5])
+        warnings.append(f"{count} node(s) on host by the placement plan although a place you listed could run "
+                        f"them (the casts there cost more): {what}")
+    avoidable = [f for f in fallbacks if f.get("user_place_possible") and f.get("kind") != "plan"]
+    if avoidable:
+        count = sum(int(f["user_place_possible"]) for f in avoidable)
+        what = "; ".join(f"{f['op']} ({f['kind']}: {', '.join(f['examples'][:2])})" for f in avoidable[:5])
+        warnings.append(f"{count} node(s) fell back to host where a place you listed was possible: {what}")
+    rewritten = [f for f in fallbacks if f.get("kind") == "rewrite"]
+    if rewritten:
+        count = sum(int(f["nodes"]) for f in rewritten)
+        what = "; ".join(f"{f['op']} ({', '.join(f['examples'][:2])})" for f in rewritten[:5])
+        warnings.append(f"{count} node(s) fell back to host on ops a rewrite made, which no place you listed "
+                        f"runs: {what}")
     for plugin in report.get("plugins") or []:
         if plugin.get("status") == "failed":
             warnings.append(f"plugin {plugin.get('origin')} failed to load and was not used: {plugin.get('error')}")
@@ -292,9 +344,9 @@ def _place_table(summary: Mapping[str, Any]):
 
 
 def _fallback_table(fallbacks: list[Mapping[str, Any]]):
-    rows = [[f["op"], f["place"], _count(f["nodes"]), f["reason"]] for f in fallbacks]
-    return _table("host fallbacks", [("op", "left"), ("place", "left"), ("nodes", "right"), ("reason", "left")],
-                  rows)
+    rows = [[f["op"], f["place"], _count(f["nodes"]), f.get("kind", ""), f["reason"]] for f in fallbacks]
+    return _table("host fallbacks", [("op", "left"), ("place", "left"), ("nodes", "right"), ("why", "left"),
+                                     ("reason", "left")], rows)
 
 
 def _memory_table(summary: Mapping[str, Any]):
@@ -321,8 +373,9 @@ def _figures_table(summary: Mapping[str, Any]):
         rows.append(["cut", f"{', '.join(cut['inputs'])} -> {', '.join(cut['outputs'])}: {cut['nodes']:,} of "
                             f"{cut['nodes_before']:,} nodes kept"])
     if summary.get("nodes_per_place"):
-        casts = summary.get("casts") or {}
-        rows.append(["casts", ", ".join(f"{kind} {count}" for kind, count in casts.items()) or "none"])
+        casts, sizes = summary.get("casts") or {}, summary.get("cast_bytes") or {}
+        rows.append(["casts", ", ".join(f"{kind} {count}" + (f" ({_bytes(sizes[kind])})" if count and sizes.get(kind)
+                                                             else "") for kind, count in casts.items()) or "none"])
     plan = summary.get("placement")
     if plan:
         rows.append(["placement cost", f"{plan['cost']:,.0f} (greedy pick {plan['greedy_cost']:,.0f}, lower bound "

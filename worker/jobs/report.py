@@ -127,13 +127,13 @@ class Report(BaseModel):
 
 
 #: The parts of the engine's readable summary a job row keeps (the figures above cover the rest).
-READABLE_PARTS = ("op_types", "nodes_per_place", "casts", "host_fallbacks", "memory_spaces", "placement",
-                  "warnings", "macs_unknown")
+READABLE_PARTS = ("op_types", "nodes_per_place", "casts", "cast_bytes", "host_fallbacks", "memory_spaces",
+                  "placement", "warnings", "macs_unknown")
 
 
 def _readable(summary: Any) -> dict[str, Any]:
-    """Op types before/after, nodes per place, casts, host fallbacks, memory per space, the placement cost and
-    warnings."""
+    """Op types before/after, nodes per place, casts (count and bytes), host fallbacks, memory per space, the
+    placement cost and warnings."""
     if not isinstance(summary, Mapping):
         return {}
     return {key: summary[key] for key in READABLE_PARTS if key in summary}

@@ -60,3 +60,51 @@ def test_generator_check_mode_reports_a_stale_table(tmp_path, monkeypatch, capsy
     assert "npu" in capsys.readouterr().err
     assert generate.main(["npu"]) == 0
     assert generate.main(["--check", "npu"]) == 0
+
+
+# --- fused ops derived from their bodies ------------------------------------------------------------------
+def _standard(op: str, precision: str, layout: str = "nchw", constraints: dict | None = None) -> dict:
+    from worker.engine.kernels.generate import entry
+    from worker.engine.kernels.schema import PortSpec
+
+    return entry(op, "", 1, None, precision, layout, [PortSpec("X")], [PortSpec("Y")], "test",
+                 constraints=constraints)
+
+
+def test_body_compute_ops_skip_the_constant_makers():
+    from worker.engine.kernels.generate import body_compute_ops
+
+    assert body_compute_ops("FusedConvSilu") == ["Conv", "Sigmoid", "Mul"]
+    assert body_compute_ops("FusedConvRelu6") == ["Conv", "Clip"]          # its bounds are constants
+    assert body_compute_ops("FusedGemmGelu") == ["Gemm", "Div", "Erf", "Add", "Mul", "Mul"]
+
+
+def test_a_fused_op_is_derived_where_every_body_op_runs_in_that_precision_and_layout():
+    from worker.engine.kernels.generate import derived_fused_entries
+
+    conv_nhwc = {"rank": [4], "constant_inputs": [1, 2], "attributes": {"auto_pad": ["NOTSET"]}}
+    table = [_standard("Conv", "fp32"), _standard("Conv", "fp16"), _standard("Conv", "fp16", "nhwc", conv_nhwc),
+             _standard("Sigmoid", "fp32", "any"), _standard("Mul", "fp32", "any"), _standard("Mul", "fp16", "any")]
+    derived = derived_fused_entries("arm", table)
+    silu = {(e["precision"], e["layout"]): e for e in derived if e["op"] == "FusedConvSilu"}
+    assert set(silu) == {("fp32", "nchw")}  # Sigmoid has no fp16 kernel, Conv no fp32 nhwc one
+    assert silu[("fp32", "nchw")]["origin"].startswith("derived")
+    sigmoid = {(e["precision"], e["layout"]): e for e in derived if e["op"] == "FusedConvSigmoid"}
+    assert set(sigmoid) == {("fp32", "nchw")}
+    assert not any(e["op"] == "FusedConvRelu" for e in derived)  # no Relu kernel at all
+    # with fp16 Sigmoid the nhwc Conv's constraints carry over, except auto_pad (the fused op has none)
+    derived = derived_fused_entries("arm", table + [_standard("Sigmoid", "fp16", "any")])
+    silu = {(e["precision"], e["layout"]): e for e in derived if e["op"] == "FusedConvSilu"}
+    assert set(silu) == {("fp32", "nchw"), ("fp16", "nchw"), ("fp16", "nhwc")}
+    assert silu[("fp16", "nhwc")]["constraints"] == {"rank": [4], "constant_inputs": [1, 2]}
+
+
+def test_the_table_says_otherwise_explicitly_or_by_the_underived_list():
+    from worker.engine.kernels.generate import derived_fused_entries, own_domain_entries
+
+    table = [_standard("Conv", "fp32"), _standard("Sigmoid", "fp32", "any"), _standard("Mul", "fp32", "any")]
+    explicit = own_domain_entries("arm", {"ops": [{"domain": "mirserve", "ops": ["FusedConvSilu"],
+                                                   "precisions": ["fp32"], "origin": "documented"}]})
+    assert not any(e["op"] == "FusedConvSilu" for e in derived_fused_entries("arm", table + explicit))
+    assert not any(e["op"] == "FusedConvSilu" for e in derived_fused_entries("arm", table, {"FusedConvSilu"}))
+    assert any(e["op"] == "FusedConvSilu" for e in derived_fused_entries("arm", table))

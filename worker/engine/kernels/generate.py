@@ -214,7 +214,9 @@ def build_x86() -> dict[str, Any]:
     kernels = []
     for key in sorted(grouped, key=lambda k: (k[0], k[1], k[2])):
         kernels.extend(_x86_entries(*key, grouped[key]))
-    kernels.extend(own_domain_entries("x86", _x86_own_spec()))
+    spec = _x86_own_spec()
+    kernels.extend(own_domain_entries("x86", spec))
+    kernels.extend(derived_fused_entries("x86", kernels))
     return {"target": "x86", "source": X86_SOURCE.format(version=onnxruntime.__version__), "kernels": kernels}
 
 
@@ -287,6 +289,7 @@ def build_from_source(target: str) -> dict[str, Any]:
     kernels.extend(own_domain_entries(target, {"ops": [r for r in spec.get("kernels", [])
                                                        if r.get("domain", "") == OWN],
                                                "casts": spec.get("casts", {})}))
+    kernels.extend(derived_fused_entries(target, kernels, set(spec.get("underived", []))))
     return {"target": target, "source": spec["source"].strip(), "kernels": kernels}
 
 
@@ -375,6 +378,124 @@ def own_domain_entries(target: str, spec: dict) -> list[dict]:
                                      constraints=row.get("constraints")))
     out = _dedupe_agnostic(out)
     out.extend(cast_entries(target, spec.get("casts", {})))
+    return out
+
+
+# --- own domain: fused ops derived from their bodies ------------------------------------------------------
+#: The opset whose body of each fused op the derivation reads: from 15 a body's numbers are CastLike'd
+#: constants (no EyeLike / Gemm scaffolding), and every activation is written with its own op where ONNX has
+#: one. The bodies of other opsets compute the same function, so a target that runs this one runs the op.
+DERIVE_OPSET = 17
+_FLOAT_ELEMENT = {"fp32": "float", "fp16": "float16"}
+
+
+def body_compute_ops(op: str, opset: int = DERIVE_OPSET) -> list[str]:
+    """The ops of ``op``'s function body that compute on its data, in body order: every node except those
+    that only make constants (Constant, and anything whose inputs are all constants; CastLike takes only the
+    type of its second input, so a CastLike of a constant is a constant too)."""
+    from worker.engine.mirserve_domain.fused import SPECS
+
+    constant: set[str] = set()
+    found = []
+    for node in SPECS[op].body(opset).nodes:
+        reads = list(node.input)[:1] if node.op_type == "CastLike" else [n for n in node.input if n]
+        if all(name in constant for name in reads):
+            constant.update(node.output)
+        else:
+            found.append(node.op_type)
+    return found
+
+
+def _covers(item: dict, opset: int) -> bool:
+    return item["since"] <= opset and (item["until"] is None or opset <= item["until"])
+
+
+def _runs(item: dict, op: str, precision: str, layout: str) -> bool:
+    """Whether a standard-op entry computes ``op`` in ``precision`` (float data) and ``layout``."""
+    if item["op"] != op or item["domain"] != "" or not _covers(item, DERIVE_OPSET):
+        return False
+    if item["layout"] not in (layout, ANY):
+        return False
+    if item["precision"] == precision:
+        return True
+    return item["precision"] == ANY and (item.get("types") is None or _FLOAT_ELEMENT[precision] in item["types"])
+
+
+def _carried_constraints(constraints: dict | None, op: str) -> dict | None:
+    """A base kernel's constraints as they apply to the fused op: an attribute the fused op does not carry
+    (auto_pad: a fusion writes explicit pads) is no constraint on it."""
+    from worker.engine.mirserve_domain.ops import get_op
+
+    if not constraints:
+        return None
+    own = get_op(op)
+    carried = set(own.attributes) if own is not None else set()
+    out = {k: v for k, v in constraints.items() if k != "attributes"}
+    attributes = {k: v for k, v in (constraints.get("attributes") or {}).items() if k in carried}
+    if attributes:
+        out["attributes"] = attributes
+    return out or None
+
+
+def derived_fused_entries(target: str, kernels: list[dict], underived: set[str] = frozenset()) -> list[dict]:
+    """Kernels of the ``mirserve`` ops defined by a function body of float ops (Fused<Base><Activation> and the
+    transformer ops Gelu, GeluTanh, RMSNorm, ScaledDotProductAttention) that ``target`` runs because its table
+    runs every op of their body: one per kernel of the base op (the body's first: Conv, Gemm, MatMul, ...) in a
+    float precision and a layout where every other op of the body has a kernel too, with that base kernel's
+    constraints.
+
+    The table says otherwise in two ways: an explicit entry for (op, precision, layout) in the target's source
+    stands and nothing is derived for that slot, and ``underived`` (the source's ``underived`` list) names
+    fused ops the target must not claim although it runs their bodies.
+    """
+    from worker.engine.kernels.ops import fused_op_names
+
+    declared = {(k["op"], k["precision"], k["layout"]) for k in kernels if k["domain"] == OWN}
+    rows = []
+    for op in [*fused_op_names(), *TRANSFORMER_OPS]:
+        if op in underived:
+            continue
+        compute = body_compute_ops(op)
+        base, rest = compute[0], compute[1:]
+        layouts = ("nchw", "nhwc") if nhwc_slots(op, OWN) is not None else ("nchw",)
+        for precision in ("fp32", "fp16"):
+            for layout in layouts:
+                if (op, precision, kernel_layout(op, OWN, layout)) in declared:
+                    continue
+                if not all(any(_runs(k, other, precision, layout) for k in kernels) for other in rest):
+                    continue
+                seen = []
+                for item in kernels:
+                    if not _runs(item, base, precision, layout):
+                        continue
+                    constraints = _carried_constraints(item.get("constraints"), op)
+                    if constraints in seen:
+                        continue
+                    seen.append(constraints)
+                    row = {"domain": OWN, "ops": [op], "precisions": [precision], "layouts": [layout],
+                           "origin": f"derived: {target} runs every op of the function body "
+                                     f"({', '.join(compute)}) in {precision} {layout}"}
+                    if constraints:
+                        row["constraints"] = constraints
+                    rows.append(row)
+    out = own_domain_entries(target, {"ops": rows})
+    # a layout-agnostic op's nchw and nhwc rows collapse to one ``any`` kernel; variants keep distinct slots
+    return _distinct_slots(out)
+
+
+def _distinct_slots(entries: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for item in entries:
+        key = (item["op"], item["precision"], item["layout"], json.dumps(item.get("constraints"), sort_keys=True))
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    by_slot: dict[tuple, int] = {}
+    for item in out:
+        slot = (item["op"], item["precision"], item["layout"])
+        by_slot[slot] = by_slot.get(slot, 0) + 1
+        if by_slot[slot] > 1:
+            item["variant"] = f"derived{by_slot[slot]}"
     return out
 
 

@@ -25,6 +25,10 @@ class Kernels:
     def has_kernel(self, op_type, domain, targets) -> bool:
         return any((op_type, domain, t) in self.entries for t in targets)
 
+    def kernels(self, op_type, domain="", *, opset=None, targets=None) -> list:
+        """No kernel entries to rank: the placement check has nothing to compare and lets a fusion through."""
+        return []
+
 
 def run_passes(proto: onnx.ModelProto, tmp_path: Path, passes: Sequence[str], *, kernels=None,
                places: str = "x86/fp32/nchw", **options) -> tuple[Path, list[dict]]:

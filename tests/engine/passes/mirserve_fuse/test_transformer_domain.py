@@ -71,11 +71,32 @@ def test_no_body_below_opset_13(tmp_path):
     assert out.refused("the mirserve.Gelu body cannot be written: Gelu needs opset 13 or later")
 
 
+def test_a_domain_op_that_would_run_on_a_worse_place_than_its_chain_is_refused(tmp_path):
+    # ARM runs the chain's Mul and Add in fp16, but Erf in fp32 only, so mirserve.Gelu (derived from the body)
+    # runs in fp32 only: a worse place than the Muls get (issue 12)
+    out = optimize(tmp_path, erf_chain(opset=17), [PASS], places="arm/fp16/nhwc,arm/fp32/nchw")
+    assert "Gelu" not in out.ops and out.refused("mirserve.Gelu would run on arm/fp32/nchw at best")
+    # ARM alone: its derived mirserve.Gelu (fp32) is as good as the chain's nodes get
+    out = optimize(tmp_path, erf_chain(opset=17), [PASS], places="arm/fp32/nchw")
+    assert domain_ops(out) == [("mirserve", "Gelu")]
+
+
+@pytest.mark.parametrize("masks", [0, 1, 2])
+def test_arm_fp16_runs_the_domain_attention_its_body_allows(tmp_path, masks):
+    # MatMul, Mul, Add and Softmax all have ARM fp16 kernels: so does ScaledDotProductAttention (derived)
+    out = optimize(tmp_path, attention_model(opset=18, masks=masks), [PASS], places="arm/fp16/nhwc,arm/fp32/nchw")
+    assert "ScaledDotProductAttention" in out.ops
+
+
 def test_a_gpu_run_keeps_the_chain_on_the_device(tmp_path):
-    """cuda has no mirserve.RMSNorm kernel; the host fallback has, in other memory: the chain stays on cuda."""
-    out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="cuda/fp32/nchw")
+    """opencl has no mirserve.RMSNorm kernel (no Div kernel for its body); the host fallback has, in other
+    memory: the chain stays on opencl. (cuda now runs the op: its table runs every
+    op of the body, so a kernel is derived.)"""
+    out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="opencl/fp32/nchw")
     assert "RMSNorm" not in out.ops
-    assert out.refused("only host has a mirserve.RMSNorm kernel, outside the memory of cuda")
+    assert out.refused("only host has a mirserve.RMSNorm kernel, outside the memory of opencl")
+    out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="cuda/fp32/nchw")
+    assert domain_ops(out) == [("mirserve", "RMSNorm")]
 
 
 def test_a_cpu_target_sharing_the_hosts_memory_fuses(tmp_path):

@@ -35,7 +35,7 @@ def test_the_written_model_records_kernels_places_and_how_it_was_made(tmp_path):
     assert sum(kernels["places"].values()) == len(model.graph.node)
     assert {c["cast"] for c in kernels["casts"]} == {"calib", "layout"}
     first = kernels["casts"][0]
-    assert set(first) == {"node", "cast", "value", "from", "to"} and first["from"] != first["to"]
+    assert set(first) == {"node", "cast", "value", "from", "to", "bytes"} and first["from"] != first["to"]
 
 
 def test_onnx_reference_runs_the_result_as_it_runs_the_input(tmp_path):

@@ -22,6 +22,17 @@ def test_prelu_with_one_slope_becomes_leaky_relu(tmp_path, slope):
     assert not out.model.graph.initializers
 
 
+def test_prelu_stays_where_leaky_relu_would_run_on_a_worse_place(tmp_path):
+    # ARM runs PRelu in fp16 but LeakyRelu in fp32 only: the replacement would lose the fp16 place (issue 12)
+    nodes = [helper.make_node("PRelu", ["x", "s"], ["y"], name="prelu")]
+    model = inferred_model(nodes, [vinfo("x", shape=X)], ["y"], [tensor("s", np.float32(0.1))], opset=9)
+    out = optimize(tmp_path, model, ["prelu_leaky_relu_replace"], places="arm/fp16/nhwc,arm/fp32/nchw")
+    assert out.ops == ["PRelu"]
+    assert out.refused("LeakyRelu would run on arm/fp32/nchw at best, while PRelu prelu runs on arm/fp16/")
+    out = optimize(tmp_path, model, ["prelu_leaky_relu_replace"], places="arm/fp32/nchw")
+    assert out.ops == ["LeakyRelu"]
+
+
 def test_prelu_with_per_channel_slopes_is_refused(tmp_path):
     nodes = [helper.make_node("PRelu", ["x", "s"], ["y"], name="prelu")]
     slope = np.array([0.1, 0.2, 0.1], np.float32).reshape(3, 1, 1)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 
-from worker.engine.mirserve_domain.ops import DOMAIN
+from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.ir import Node, Value
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.mirserve_ops import emit_refusal
+from worker.engine.passes.support.placement import placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
 
@@ -72,7 +73,12 @@ class ShuffleChannel(Rule):
         groups = shuffle_groups(match.value("x"), match.value("split"), transpose.attr("perm"), match.value("y"))
         if isinstance(groups, str):
             return groups
-        return emit_refusal(ctx, self.name, match.value("x").dtype) or groups
+        refusal = emit_refusal(ctx, self.name, match.value("x").dtype)
+        if refusal:
+            return refusal
+        facts = planned_facts(self.name, DOMAIN, VERSION, [match.value("x")], [match.value("y")],
+                              {"group": groups}, match.node("split_reshape").name)
+        return placement_refusal(ctx, facts, match.nodes) or groups
 
     def rewrite(self, ctx: PassContext, match: Match, groups: int) -> Node:
         first = match.node("split_reshape")

@@ -22,13 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from worker.engine.ir import Node
-from worker.engine.mirserve_domain.ops import DOMAIN
+from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
 from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.mirserve_ops import emit_refusal
 from worker.engine.passes.support.normalization import affine_constant, scalar
+from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct, broadcast
 from worker.engine.passes.support.weights import numpy_dtype
@@ -36,10 +37,16 @@ from worker.engine.pattern import Match, apply_rules, describe
 
 
 def _domain_check(rule, ctx: PassContext, match: Match, standard: str, since: int, op: str, dtype: int):
-    """None when the standard op may be emitted (its pass's job), else a refusal or the rule's plan."""
+    """None when the standard op may be emitted (its pass's job), else a refusal or the rule's plan. The op
+    must run on a place at least as good as the chain's nodes would get (no rewrite loses placement)."""
     if standard_op_refusal(ctx, standard, since) is None:
         return None
-    return emit_refusal(ctx, op, dtype) or off_device_refusal(ctx, op) or rule.plan(ctx, match)
+    plan = emit_refusal(ctx, op, dtype) or off_device_refusal(ctx, op) or rule.plan(ctx, match)
+    if plan is None or isinstance(plan, str):
+        return plan
+    inputs, attributes = rule.operands(match, plan)
+    facts = planned_facts(op, DOMAIN, VERSION, inputs, [match.value("out")], attributes, match.nodes[0].name)
+    return placement_refusal(ctx, facts, match.nodes) or plan
 
 
 def off_device_refusal(ctx: PassContext, op: str) -> str | None:
@@ -64,6 +71,9 @@ class DomainGelu(GeluChain):
     def check(self, ctx: PassContext, match: Match):
         return _domain_check(self, ctx, match, "Gelu", 20, self.op, match.value("x").dtype)
 
+    def operands(self, match: Match, params) -> tuple[list, dict]:
+        return [match.value("x")], {}
+
     def rewrite(self, ctx: PassContext, match: Match, params) -> Node:
         return match.graph.add_node(self.op, [match.value("x")], outputs=[match.value("out")], domain=DOMAIN,
                                     name=match.node("nonlinear").name, before=match.node("last"))
@@ -79,6 +89,11 @@ class DomainRMSNorm(RMSNormChain):
         if isinstance(plan, int) and not isinstance(plan, bool) and plan != len(match.value("x").shape) - 1:
             return f"{describe(match.node('mean_op'))} normalizes more than the last axis"
         return plan
+
+    def operands(self, match: Match, axis: int) -> tuple[list, dict]:
+        x = match.value("x")
+        scale = constant_facts(x.dtype, tuple(x.shape[axis:]))
+        return [x, scale], {"epsilon": scalar(match.value("eps"))}
 
     def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
         x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
@@ -99,6 +114,19 @@ class DomainAttention(ScaledDotProduct):
 
     def check(self, ctx: PassContext, match: Match):
         return _domain_check(self, ctx, match, "Attention", 23, "ScaledDotProductAttention", match.value("q").dtype)
+
+    def operands(self, match: Match, scale: float) -> tuple[list, dict]:
+        q = match.value("q")
+        if self.masks == 2:
+            first, second = match.value("mask0"), match.value("mask1")
+            known = first.shape is not None and second.shape is not None
+            mask = constant_facts(first.dtype, broadcast(first.shape, second.shape), constant=False) if known \
+                else None
+        elif self.masks == 1:
+            mask = match.value("mask0")
+        else:
+            mask = constant_facts(q.dtype, ())
+        return [q, match.value("kt"), match.value("v"), mask], {"scale": float(scale)}
 
     def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
         graph, anchor, q = match.graph, match.node("pv"), match.value("q")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.support.placement import placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -38,7 +39,9 @@ class WholeInputPool(Rule):
             return f"{describe(pool)} pads its input, so its output is larger than 1x1"
         if any(d != 1 for d in pool.attr("dilations", ())):
             return f"{describe(pool)} dilates its kernel"
-        return True
+        facts = planned_facts(GLOBAL[pool.op_type], "", ctx.opset(""), [match.value("x")], [match.value("out")],
+                              {}, pool.name)
+        return placement_refusal(ctx, facts, match.nodes) or True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
         pool = match.node("pool")

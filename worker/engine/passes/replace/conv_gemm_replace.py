@@ -15,6 +15,7 @@ from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.gemm import gemm
 from worker.engine.passes.support.weights import conv_refusal
+from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -53,7 +54,11 @@ class FlattenedPointwiseConv(Rule):
             return f"the input of {describe(conv)} is not known to be 1x1 (shape {x.shape})"
         if out.shape is None or len(out.shape) != 2 or out.shape[1] != weight.shape[0]:
             return f"{describe(match.node('flatten'))} does not flatten the conv output to [N, {weight.shape[0]}]"
-        return True
+        # the Gemm reads x flattened to [N, C] and the weight as a [M, C] matrix
+        inputs = [constant_facts(x.dtype, tuple(x.shape[:2]), constant=False),
+                  constant_facts(x.dtype, tuple(weight.shape[:2])), conv.input(2)]
+        facts = planned_facts("Gemm", "", ctx.opset(""), inputs, [out], {"transB": 1}, conv.name)
+        return placement_refusal(ctx, facts, match.nodes) or True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> list[Node]:
         conv, x, graph = match.node("conv"), match.value("x"), match.graph

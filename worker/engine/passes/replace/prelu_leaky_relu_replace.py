@@ -11,6 +11,7 @@ import numpy as np
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.support.placement import placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -36,7 +37,10 @@ class PReluOneSlope(Rule):
             enlarges = not x.is_static or np.broadcast_shapes(data.shape, x.shape) != tuple(x.shape)
         if enlarges:
             return f"the slope of {describe(prelu)} may broadcast x to another shape"
-        return float(data.reshape(-1)[0])
+        alpha = float(data.reshape(-1)[0])
+        facts = planned_facts("LeakyRelu", "", ctx.opset(""), [x], [match.value("out")], {"alpha": alpha},
+                              prelu.name)
+        return placement_refusal(ctx, facts, match.nodes) or alpha
 
     def rewrite(self, ctx: PassContext, match: Match, alpha: float) -> Node:
         prelu = match.node("prelu")

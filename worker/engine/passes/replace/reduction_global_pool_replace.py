@@ -14,6 +14,7 @@ from __future__ import annotations
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.operands import axes_of
+from worker.engine.passes.support.placement import placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -53,7 +54,9 @@ class _ReduceRule(Rule):
             covered += sorted(axes)
         if sorted(covered) != list(range(2, rank)):
             return f"the reductions at {describe(first)} average dims {sorted(covered)}, not exactly the spatial dims"
-        return True
+        facts = planned_facts(GLOBAL[self.op], "", ctx.opset(""), [match.value("x")], [match.value("out")], {},
+                              first.name)
+        return placement_refusal(ctx, facts, match.nodes) or True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
         last = self.reductions(match)[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.support.placement import placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -50,7 +51,13 @@ class TransposedSoftmax(Rule):
         return perm[axis]
 
     def check(self, ctx: PassContext, match: Match) -> int | str:
-        return self._new_axis(ctx, match)
+        axis = self._new_axis(ctx, match)
+        if isinstance(axis, str):
+            return axis
+        softmax = match.node("softmax")
+        facts = planned_facts(softmax.op_type, "", ctx.opset(""), [match.value("x")], [match.value("out")],
+                              {"axis": axis}, softmax.name)
+        return placement_refusal(ctx, facts, match.nodes) or axis
 
     def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
         softmax = match.node("softmax")

@@ -27,10 +27,11 @@ from onnx import helper
 from worker.engine.ir import Node, Value
 from worker.engine.mirserve_domain.activations import ACTIVATIONS
 from worker.engine.mirserve_domain.fused import BASES, Base, fused_name
-from worker.engine.mirserve_domain.ops import DOMAIN
+from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.passes.base import PassContext
 from worker.engine.passes.support.activations import FORMS, Form
 from worker.engine.passes.support.mirserve_ops import emit_refusal
+from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.pattern import Match, Pattern, Rule
 
 
@@ -165,7 +166,18 @@ class ActivationFusion(Rule):
         plan = emit_refusal(ctx, self.name, match.value("y").dtype) or _plan(match.node("op"), self.base)
         if isinstance(plan, Plan):
             plan.attributes.update(params)
+            return self._placement_refusal(ctx, match, plan) or plan
         return plan
+
+    def _placement_refusal(self, ctx: PassContext, match: Match, plan: Plan) -> str | None:
+        """The fused op must run on a place at least as good as the op and the activation would get."""
+        inputs: list = list(plan.inputs)
+        if plan.zeros is not None:
+            slot, shape = plan.zeros
+            inputs[slot] = constant_facts(match.value("y").dtype, shape)
+        facts = planned_facts(self.name, DOMAIN, VERSION, inputs, [match.value("out")], plan.attributes,
+                              match.node("op").name)
+        return placement_refusal(ctx, facts, match.nodes)
 
     def rewrite(self, ctx: PassContext, match: Match, plan: Plan) -> Node:
         node, graph = match.node("op"), match.graph

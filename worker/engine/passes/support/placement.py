@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from onnx import defs, helper
 
 from worker.engine.ir import Node, Value
-from worker.engine.kernels.pick import NodeFacts, Pick, ValueFacts
+from worker.engine.kernels.pick import NodeFacts, Pick, Scored, ValueFacts, place_match, rank
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.passes.support.nhwc import TO_NCHW, TO_NHWC
 from worker.engine.kernels.ops import nhwc_slots
@@ -167,3 +167,82 @@ def place_outputs(node: Node, pick: Pick) -> None:
         if value.place is None or value.place.layout is not layout:
             value.shape = _output_shape(node, pick, value, layout)
         value.place = Place(get_target(port.target), precision, layout)
+
+
+# --- what a rewrite may not lose: the best place a node can get ---------------------------------------
+def place_score(scored: "Scored", places) -> float:
+    """The place part of Paddle-Lite's grade: the best weighted (target, precision, layout) match of the
+    kernel over the valid places, leaving out the input-compatibility terms (they follow picks not made yet).
+    The kernel of an op with no NHWC form reads plain tensors in any layout (as ``first_place`` has it), so
+    its layout always matches: a MatMul chain is no worse off in an NHWC place than its elementwise ops."""
+    kernel = scored.kernel
+    if nhwc_slots(kernel.op, kernel.domain) is None and kernel.layout is not Layout.ANY:
+        kernel = replace(kernel, layout=Layout.ANY)
+    return max(place_match(kernel, place) * places.weight(place) for place in places)
+
+
+def best_place(ctx: "PassContext", facts: NodeFacts) -> "tuple[float, str] | None":
+    """The best place score a node with these facts can get from this run's kernels, and that place; None
+    when no kernel of a valid place applies (or no tables are loaded)."""
+    if ctx.kernels is None:
+        return None
+    candidates = ctx.kernels.kernels(facts.op, facts.domain, opset=facts.opset, targets=ctx.places.targets)
+    scored, _ = rank(candidates, facts, ctx.places)
+    best = None
+    for item in scored:
+        score = place_score(item, ctx.places)
+        if best is None or score > best[0]:
+            resolved = item.resolved
+            best = (score, f"{item.kernel.target}/{resolved.precision.value}/{resolved.layout.value}")
+    return best
+
+
+def placement_refusal(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]") -> str | None:
+    """Why a rewrite into a node with the facts ``new`` would lose placement (a sentence), or None.
+
+    The rewrite is allowed only where the new node can get a place at least as good (Paddle-Lite's place
+    score) as the best any node it replaces would get: a node is never moved to a worse place by a rewrite.
+    """
+    if ctx.kernels is None:
+        return None
+    mine = best_place(ctx, new)
+    worst = None  # the replaced node whose best place is the best: what the rewrite must keep
+    for node in replaced:
+        theirs = best_place(ctx, node_facts(node, node_opset(ctx.opset, node)))
+        if theirs is not None and (worst is None or theirs[0] > worst[1][0]):
+            worst = (node, theirs)
+    if worst is None:
+        return None
+    node, (score, place) = worst
+    qualified = f"{new.domain}.{new.op}" if new.domain else new.op
+    if mine is None:
+        return (f"no kernel of a valid place runs {qualified} here, while {node.op_type} {node.name} runs on "
+                f"{place}: the rewrite would lose its placement")
+    if mine[0] < score:
+        return (f"{qualified} would run on {mine[1]} at best, while {node.op_type} {node.name} runs on "
+                f"{place}: the rewrite would lose placement")
+    return None
+
+
+
+def planned_facts(op: str, op_domain: str, opset: int, inputs, outputs, attributes: Mapping[str, Any],
+                  name: str = "") -> NodeFacts:
+    """The facts of a node a rewrite would make: its inputs and outputs are existing values, ValueFacts for
+    values it would add (a zero bias), or None; attributes over the op's defaults."""
+    def facts(item):
+        return item if item is None or isinstance(item, ValueFacts) else value_facts(item)
+
+    merged = dict(attribute_defaults(op, op_domain, opset))
+    merged.update(attributes)
+    return NodeFacts(op, op_domain, opset, tuple(facts(v) for v in inputs), tuple(facts(v) for v in outputs),
+                     merged, name)
+
+
+def constant_facts(dtype: int, shape: tuple, *, constant: bool = True) -> ValueFacts:
+    """The facts of a value a rewrite would add: a constant (a zero bias of ``shape``), or with
+    ``constant=False`` an intermediate (a Flatten's output)."""
+    numel = 1
+    for dim in shape:
+        numel = numel * dim if isinstance(dim, int) and isinstance(numel, int) else None
+    return ValueFacts(dtype=dtype, rank=len(shape), shape=tuple(shape), is_constant=constant,
+                      precision=precision_of_dtype(dtype), numel=numel)
