@@ -10,7 +10,7 @@ seeded random input, rtol 1e-4 / atol 1e-5 against the export on onnxruntime); t
 ``python3 -m venv bench/out/peers-venv && bench/out/peers-venv/bin/pip install onnxsim onnxslim onnxruntime``).
 
 Usage: python bench/transformer_bench.py [--exports DIR] [--only MODEL ...] [--peers-python PY]
-[--markdown BENCHMARKS.md] (writes its section, from "## Transformer exports" to the end, leaving the rest)
+[--markdown BENCHMARKS.md] (writes its section, from "## Transformer exports" to the next "## ", leaving the rest)
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def write_section(path: Path, lines: list[str], arguments: str) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     text = path.read_text() if path.exists() else ""
-    head = text[:text.find("\n" + SECTION)] if ("\n" + SECTION) in text else text.rstrip("\n")
+    head = (text[:text.find("\n" + SECTION)] if ("\n" + SECTION) in text else text).rstrip("\n")
     start = text.find("\n" + SECTION)
     end = text.find("\n## ", start + 1) if start >= 0 else -1
     tail = text[end:] if end >= 0 else ""  # sections other scripts write after this one stay

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from bench.amp import bert_small, layernorm_with_large_variance, softmax_over_large_logits
 from tests.conftest import make_model, save_proto, tensor, vinfo
 from tests.engine.passes.place.helpers import place_model
 from worker.engine.api import OptimizeOptions, optimize
@@ -19,45 +20,7 @@ PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
 RNG = np.random.default_rng(3)
 
 
-def softmax_over_large_logits():
-    """Logits near 30000, where fp16's step is 16: in fp16 every logit rounds to the same value. The MatMuls
-    around are large enough that the plan puts the whole chain in fp16; the Relu first is harmless there."""
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w"], ["mm"], name="matmul"),
-             helper.make_node("Add", ["mm", "b"], ["logits"], name="bias"),
-             helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="softmax"),
-             helper.make_node("MatMul", ["p", "w2"], ["y"], name="project")]
-    return make_model(nodes, [vinfo("x", shape=[64, 256])], [vinfo("y", shape=[64, 256])],
-                      [tensor("w", (RNG.standard_normal((256, 256)) * 0.05).astype(np.float32)),
-                       tensor("b", np.full(256, 30000.0, np.float32)),
-                       tensor("w2", RNG.standard_normal((256, 256)).astype(np.float32))], opset=13)
-
-
-def layernorm_with_large_variance():
-    """A LayerNorm written out (opset 13) between two MatMuls, over values of ~1e3: their squares overflow
-    fp16 (65504)."""
-    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"], name="embed"),
-             helper.make_node("Mul", ["h", "scale"], ["xs"], name="scale_up"),
-             helper.make_node("ReduceMean", ["xs"], ["mean"], axes=[-1], name="mean"),
-             helper.make_node("Sub", ["xs", "mean"], ["d"], name="sub"),
-             helper.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
-             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="var"),
-             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
-             helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
-             helper.make_node("Div", ["d", "std"], ["n"], name="div"),
-             helper.make_node("Mul", ["n", "gamma"], ["ng"], name="mul_gamma"),
-             helper.make_node("Add", ["ng", "beta"], ["z"], name="add_beta"),
-             helper.make_node("MatMul", ["z", "w1"], ["y"], name="project")]
-    scalar = lambda name, v: tensor(name, np.array(v, np.float32))  # noqa: E731
-    return make_model(nodes, [vinfo("x", shape=[64, 256])], [vinfo("y", shape=[64, 256])],
-                      [tensor("w0", (RNG.standard_normal((256, 256)) * 0.1).astype(np.float32)),
-                       scalar("scale", 3000.0), scalar("two", 2.0), scalar("eps", 1e-5),
-                       tensor("gamma", RNG.standard_normal(256).astype(np.float32)),
-                       tensor("beta", RNG.standard_normal(256).astype(np.float32)),
-                       tensor("w1", (RNG.standard_normal((256, 256)) * 0.1).astype(np.float32))], opset=13)
-
-
-MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance}
+MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance}  # from bench/amp.py
 
 
 def verifies(tmp_path, source, pinned: set[str], name: str) -> bool:
@@ -130,6 +93,18 @@ def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
     pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_beta", "sub"}).graph}
     assert pinned["add_beta"] is Precision.FP32 and pinned["sub"] is Precision.FP32
     assert pinned["project"] is Precision.FP16  # not pinned: as before
+
+
+def test_a_bench_encoder_keeps_one_node_in_fp32(tmp_path):
+    """bench/bert_base_graph.py's encoder, small (2 layers, hidden 64), its weights drawn by verification: in
+    fp16 its pooled output does not verify; one node in fp32 is enough, and AMP finds it."""
+    source = save_proto(bert_small(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    assert report["verification"]["passed"] is True
+    fallback = report["precision_fallback"]
+    assert len(fallback["nodes"]) == 1 and fallback["ranked"] > 50
+    [kept] = fallback["nodes"]
+    assert kept["place"] == "arm/fp32/nchw" and kept["why"]
 
 
 def test_a_model_that_verifies_in_fp16_has_no_fallback(tmp_path):

@@ -6,11 +6,12 @@ input's, in units of the verification tolerance. A node's *error growth* is the 
 largest error it was given (through casts, which add none of their own), so a node that merely passes on an
 error its producers made ranks low. The nodes computing in fp16 are ranked by growth, and a bisection over
 that order finds the shortest prefix that verifies when pinned to fp32 (``PassContext.pinned_fp32``, read by
-static_kernel_pick); each step rebuilds the model and verifies it (one runtime run of each model). Then each
-pinned node, least ranked first, is tried without its pin, so no pinned node is there for nothing.
+static_kernel_pick); each step rebuilds the model and verifies it (one runtime run of each model). Then the
+pins are tried without, least ranked first (one by one when few, in halves when many), so no pinned node is
+there for nothing.
 
-onnxconverter-common's ``auto_mixed_precision`` bisects too, but over the nodes in graph order, blind to
-where the error comes from, so it needs many more steps (``bench/amp.py`` measures both).
+onnxconverter-common's ``auto_mixed_precision`` bisects over the nodes in graph order, blind to where the
+error comes from; ``bench/amp.py`` measures both (steps, seconds, nodes pinned).
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from worker.engine.places import Precision
 
 #: An error that is not finite (``numeric.NOT_FINITE_ERROR``).
 NOT_FINITE = 1e30
-#: Pinned nodes are each tried without their pin when there are at most this many (one step each).
-MAX_PRUNE = 12
+#: Up to this many pins, each is tried without its pin on its own (one step each); more, in halves.
+SINGLES = 4
 
 
 @dataclass
@@ -113,13 +114,36 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outc
         else:
             low = middle
     chosen = list(order[:high])
-    if prune and 1 < len(chosen) <= MAX_PRUNE:
-        for item in reversed(list(chosen)):
-            rest = [r for r in chosen if r is not item]
-            if attempt(rest):
-                chosen = rest
+    if prune and len(chosen) > 1:
+        chosen = _unpin(chosen, attempt)
     outcome.pinned, outcome.passed = chosen, True
     return outcome
+
+
+def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool]) -> list[Ranked]:
+    """``chosen`` less the pins it verifies without: segments of it, least ranked first, tried unpinned; one
+    that still verifies stays unpinned, one that does not is split, down to single nodes (a ranking that put
+    a few of the needed nodes deep costs a few steps, not a pin for every node above them)."""
+    dropped: set[int] = set()
+
+    def visit(segment: list[Ranked]) -> None:
+        if attempt([r for r in chosen if id(r) not in dropped and r not in segment]):
+            dropped.update(id(r) for r in segment)
+        elif len(segment) > 1:
+            middle = len(segment) // 2
+            visit(segment[:middle])
+            visit(segment[middle:])
+
+    # the single least-ranked pin first when few (each alone is a step either way), halves when many
+    backwards = list(reversed(chosen))
+    if len(backwards) <= SINGLES:
+        for item in backwards:
+            visit([item])
+    else:
+        middle = len(backwards) // 2
+        visit(backwards[:middle])
+        visit(backwards[middle:])
+    return [r for r in chosen if id(r) not in dropped]
 
 
 def graph_order_search(graph_order: Sequence[Ranked], trial: Trial) -> Outcome:

@@ -1,0 +1,221 @@
+"""Auto mixed precision against a re-run-per-step bisection in graph order (onnxconverter-common's way).
+
+For each model that fails verification in fp16 under ``--places`` (default arm/fp16/nhwc,arm/fp32/nchw), both
+searches look for nodes to keep in fp32; each step rebuilds the model with those pinned and verifies it (one
+onnxruntime run of each model), so steps are what costs. Ours: one traced run of both models ranks the fp16
+nodes by error growth, a bisection over that order, then each pinned node tried without its pin. The baseline
+knows nothing of where the error comes from: it tries segments of the nodes in graph order in fp16 with the
+rest in fp32, accepts a segment that verifies and splits one that does not, down to single nodes.
+
+Models: softmax over large logits, a LayerNorm with a large variance (both also in tests/engine/test_amp.py),
+and a small BERT encoder from bench/bert_base_graph.py (weights are graph inputs: verification draws them).
+
+Usage: python bench/amp.py [--places P] [--only NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
+
+
+def _model(nodes, inputs, outputs, initializers, opset=13):
+    graph = helper.make_graph(nodes, "amp", inputs, outputs, initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _t(name, array):
+    return numpy_helper.from_array(np.asarray(array, np.float32), name)
+
+
+def softmax_over_large_logits(seed: int = 3) -> onnx.ModelProto:
+    """Logits near 30000, where fp16's step is 16: in fp16 every logit rounds to the same value. The MatMuls
+    around are large enough that the plan puts the whole chain in fp16; the Relu first is harmless there."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w"], ["mm"], name="matmul"),
+             helper.make_node("Add", ["mm", "b"], ["logits"], name="bias"),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1, name="softmax"),
+             helper.make_node("MatMul", ["p", "w2"], ["y"], name="project")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])],
+                  [_t("w", rng.standard_normal((256, 256)) * 0.05), _t("b", np.full(256, 30000.0)),
+                   _t("w2", rng.standard_normal((256, 256)))])
+
+
+def layernorm_with_large_variance(seed: int = 3) -> onnx.ModelProto:
+    """A LayerNorm written out (opset 13) between two MatMuls, over values of ~1e3: their squares overflow
+    fp16 (65504)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"], name="embed"),
+             helper.make_node("Mul", ["h", "scale"], ["xs"], name="scale_up"),
+             helper.make_node("ReduceMean", ["xs"], ["mean"], axes=[-1], name="mean"),
+             helper.make_node("Sub", ["xs", "mean"], ["d"], name="sub"),
+             helper.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
+             helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], name="var"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
+             helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+             helper.make_node("Div", ["d", "std"], ["n"], name="div"),
+             helper.make_node("Mul", ["n", "gamma"], ["ng"], name="mul_gamma"),
+             helper.make_node("Add", ["ng", "beta"], ["z"], name="add_beta"),
+             helper.make_node("MatMul", ["z", "w1"], ["y"], name="project")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])],
+                  [_t("w0", rng.standard_normal((256, 256)) * 0.1), _t("scale", 3000.0), _t("two", 2.0),
+                   _t("eps", 1e-5), _t("gamma", rng.standard_normal(256)), _t("beta", rng.standard_normal(256)),
+                   _t("w1", rng.standard_normal((256, 256)) * 0.1)])
+
+
+def bert_small() -> onnx.ModelProto:
+    from bench.bert_base_graph import bert_base_model
+
+    return bert_base_model(layers=2, hidden=64, heads=4, ffn=256, seq=16, vocab=100)
+
+
+MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance, "bert_small": bert_small}
+
+
+class Runner:
+    """Builds the model with nodes pinned to fp32 and verifies it, counting the steps."""
+
+    def __init__(self, source: Path, places: str, scratch: Path):
+        from worker.engine.api import tolerances
+        from worker.engine.kernels import default_table
+        from worker.engine.options import OptimizeOptions
+        from worker.engine.passes import get_pipeline
+        from worker.engine.places import parse_places
+
+        self.source, self.scratch = source, scratch
+        self.options = OptimizeOptions(places=places)
+        self.places = parse_places(places)
+        self.steps = get_pipeline("default").steps_for(self.options)
+        self.kernels = default_table()
+        self.rtol, self.atol = tolerances(self.options, self.places)
+        self.runs = 0
+
+    def build(self, pinned=()):
+        from worker.engine.ir import load_model
+        from worker.engine.passes import PassContext, PassManager
+
+        ctx = PassContext(load_model(self.source), self.options, self.places, kernels=self.kernels,
+                          pinned_fp32=frozenset(pinned))
+        PassManager().run(ctx, self.steps)
+        return ctx.model
+
+    def saved(self, model) -> Path:
+        from worker.engine.ir import save_model
+
+        path = self.scratch / "candidate.onnx"
+        save_model(model, path)
+        return path
+
+    def trial(self, pinned) -> tuple[bool, str]:
+        from worker.engine.errors import VerificationError
+        from worker.engine.numeric import verify
+
+        self.runs += 1
+        try:
+            verify(str(self.source), str(self.saved(self.build(pinned))), rtol=self.rtol, atol=self.atol)
+            return True, "verified"
+        except VerificationError as exc:
+            return False, str(exc)
+
+
+def segment_search(names: list[str], trial) -> set[str]:
+    """The baseline: segments of the nodes in graph order tried in fp16 (the rest in fp32); a segment that
+    verifies stays fp16, one that does not is split, down to single nodes, which stay in fp32."""
+    everything, fp16, kept = set(names), set(), set()
+
+    def visit(segment: list[str]) -> None:
+        passed, _ = trial(everything - fp16 - set(segment))
+        if passed:
+            fp16.update(segment)
+        elif len(segment) == 1:
+            kept.update(segment)
+        else:
+            middle = len(segment) // 2
+            visit(segment[:middle])
+            visit(segment[middle:])
+
+    visit(list(names))
+    return kept
+
+
+def measure(name: str, model: onnx.ModelProto, places: str) -> dict:
+    from worker.engine import amp
+    from worker.engine.numeric import value_errors
+
+    with tempfile.TemporaryDirectory(prefix="mirserve-amp-") as scratch:
+        scratch = Path(scratch)
+        source = scratch / f"{name}.onnx"
+        onnx.save(model, source)
+        runner = Runner(source, places, scratch)
+        first = runner.build()
+        passed, found = runner.trial(())
+        if passed:
+            return {"model": name, "note": "verifies in fp16: nothing to do"}
+        fp16_names = [amp.picked_name(n) for n in amp.fp16_nodes(first.graph)]
+        first_path = scratch / "first.onnx"
+        from worker.engine.ir import save_model
+
+        save_model(first, first_path)
+        started = time.perf_counter()
+        errors = value_errors(str(source), str(first_path), shapes=_shapes(model), rtol=runner.rtol,
+                              atol=runner.atol)
+        order = amp.rank(first.graph, errors)
+        runner.runs = 0
+        outcome = amp.search(order, lambda pins: runner.trial(pins))
+        ours = {"steps": runner.runs + 1, "seconds": time.perf_counter() - started,
+                "pinned": [r.node for r in outcome.pinned] if outcome.passed else None}
+        started = time.perf_counter()
+        runner.runs = 0
+        kept = segment_search(fp16_names, runner.trial)
+        final, _ = runner.trial(kept)
+        baseline = {"steps": runner.runs, "seconds": time.perf_counter() - started,
+                    "pinned": sorted(kept) if final else None}
+        return {"model": name, "fp16_nodes": len(fp16_names), "ours": ours, "baseline": baseline,
+                "failure": found[:160]}
+
+
+def _shapes(model: onnx.ModelProto) -> dict:
+    initializers = {t.name for t in model.graph.initializer}
+    return {v.name: [d.dim_value or 1 for d in v.type.tensor_type.shape.dim] for v in model.graph.input
+            if v.name not in initializers}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--places", default=PLACES)
+    parser.add_argument("--only", action="append", choices=list(MODELS))
+    args = parser.parse_args(argv)
+    print(f"places {args.places}; a step = rebuild with pins + verify (one run of each model); ours counts its "
+          f"one traced run as a step")
+    print(f"{'model':<12} {'fp16 nodes':>10}  {'ours: steps':>11} {'s':>6} {'pinned':>6}  "
+          f"{'graph-order bisection: steps':>28} {'s':>6} {'pinned':>6}")
+    for name in args.only or list(MODELS):
+        row = measure(name, MODELS[name](), args.places)
+        if "note" in row:
+            print(f"{name:<12} {row['note']}")
+            continue
+        ours, base = row["ours"], row["baseline"]
+        count = lambda p: "fail" if p is None else str(len(p))  # noqa: E731
+        print(f"{name:<12} {row['fp16_nodes']:>10}  {ours['steps']:>11} {ours['seconds']:>6.1f} "
+              f"{count(ours['pinned']):>6}  {base['steps']:>28} {base['seconds']:>6.1f} {count(base['pinned']):>6}")
+        print(f"{'':<12} ours pinned {ours['pinned']}; baseline pinned {base['pinned']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
