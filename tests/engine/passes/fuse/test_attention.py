@@ -142,10 +142,10 @@ def test_grouped_query_attention_with_symbolic_batch_and_sequence(tmp_path):
     assert [v.name for v in out.node("Attention").inputs[:3]] == ["q", "k", "v"]
 
 
-def heads_model(*, q_shape=(0, 0, H, D), allowzero=0, out_shape=(0, 0, -1)):
+def heads_model(*, q_shape=(0, 0, H, D), allowzero=0, out_shape=(0, 0, -1), out_type=None):
     """q3, k3, v3 (B, S, H*D | KV*D) split into heads, Attention, heads joined back (BERT's layout)."""
     text = (f'<ir_version: 10, opset_import: ["" : 23]> g (float[{B}, {S}, {H * D}] q3, float[{B}, {S}, {KV * D}] k3, '
-            f'float[{B}, {S}, {KV * D}] v3, float[{B}, 1, {S}, {S}] m) => (float[{B}, {S}, {H * D}] y) {{\n'
+            f'float[{B}, {S}, {KV * D}] v3, float[{B}, 1, {S}, {S}] m) => (float[{out_type or f"{B}, {S}, {H * D}"}] y) {{\n'
             f"qr = Reshape <allowzero = {allowzero}> (q3, qs)\nq = Transpose <perm = [0, 2, 1, 3]> (qr)\n"
             "kr = Reshape (k3, ks)\nk = Transpose <perm = [0, 2, 1, 3]> (kr)\n"
             "vr = Reshape (v3, ks)\nv = Transpose <perm = [0, 2, 1, 3]> (vr)\n"
@@ -158,7 +158,7 @@ def heads_model(*, q_shape=(0, 0, H, D), allowzero=0, out_shape=(0, 0, -1)):
     return model
 
 
-@pytest.mark.parametrize("q_shape", [(0, 0, H, D), (B, S, -1, D)])
+@pytest.mark.parametrize("q_shape", [(0, 0, H, D), (B, S, -1, D), (B, -1, H, D)])
 def test_heads_split_from_hidden_go_into_the_op(tmp_path, q_shape):
     out = optimize(tmp_path, heads_model(q_shape=q_shape), [PASS])
     assert out.ops == ["Attention"]
@@ -166,3 +166,11 @@ def test_heads_split_from_hidden_go_into_the_op(tmp_path, q_shape):
     assert (node.attr("q_num_heads"), node.attr("kv_num_heads"), node.attr("scale")) == (H, KV, pytest.approx(0.3))
     assert [v.name for v in node.inputs] == ["q3", "k3", "v3", "m"]
 
+
+
+def test_heads_joined_into_another_shape_keep_one_reshape(tmp_path):
+    """GPT-2 joins the heads straight into (batch * seq, hidden) for its Gemm: the op's 3-D output reshaped."""
+    model = heads_model(out_shape=(B * S, H * D), out_type=f"{B * S}, {H * D}")
+    out = optimize(tmp_path, model, [PASS])
+    assert out.ops == ["Attention", "Reshape"]
+    assert out.node("Attention").attr("q_num_heads") == H

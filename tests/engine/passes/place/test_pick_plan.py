@@ -199,3 +199,33 @@ def test_a_plugin_states_its_targets_cost():
     assert "made_up_npu" not in default_cost_model().targets
     with pytest.raises(CostModelError, match="targets.bad.mac must be a table with a 'default' figure"):
         register_target_cost("bad", {"mac": {"fp16": 1}, "byte": 1})
+
+
+def test_a_value_an_if_body_reads_is_costed_with_the_calib_it_gets(tmp_path):
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper
+    from tests.conftest import make_model, save_proto, vinfo
+    from worker.engine.ir import save_model
+    size = 65536  # big enough that the Relu pays for its calibs on arm in fp16
+    then_graph = helper.make_graph([helper.make_node("Neg", ["r"], ["t"])], "then", [], [vinfo("t", shape=[size])])
+    else_graph = helper.make_graph([helper.make_node("Abs", ["r"], ["e"])], "else", [], [vinfo("e", shape=[size])])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),  # fp16 on arm: the bodies read it as float
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph)]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    source = save_proto(make_model(nodes, [vinfo("x", shape=[size])], [vinfo("y", shape=[size])], [zero]),
+                        tmp_path / "if.onnx")
+    ctx = place_model(source, "arm/fp16/nchw")
+    relu = ctx.graph.nodes_of_type("Relu")[0]
+    assert relu.metadata["mirserve.place"] == "arm/fp16/nchw"
+    if_node = ctx.graph.nodes_of_type("If")[0]
+    assert any(cast_kind(n) == "calib" and n.input(0) is relu.output() for n in ctx.graph)  # before the If
+    planned = {kind: entry["count"] for kind, entry in ctx.report["placement"]["casts"]["by_kind"].items()}
+    assert _inserted(ctx) == planned == {"calib": 2} and if_node is not None
+    save_model(ctx.model, tmp_path / "out.onnx")
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    got = onnxruntime.InferenceSession(str(tmp_path / "out.onnx")).run(None, {"x": x})[0]
+    want = -np.maximum(x, 0) if x.sum() > 0 else np.abs(np.maximum(x, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)

@@ -25,9 +25,9 @@ sequence, the Expand's shape is [1 or b, 1 or kv, n, 1, 1] and the Reshape's [0 
                                                                             kv_num_heads=kv)
 
 (R: a Reshape between (batch, seq, heads * size) and (batch, seq, heads, size), T: Transpose (0, 2, 1, 3)):
-the op's 3-D form splits and joins the heads itself (BERT, ViT: 8 nodes per layer). Preconditions: the
-Reshapes copy batch and seq (zeros, or the same static dims) and name the head count and size (one may be
--1), the Attention has no KV cache and one output.
+the op's 3-D form splits and joins the heads itself (8 nodes per layer). Preconditions: each Reshape's
+shape constant names the dims it makes (batch and seq copied by 0s or the same static dims, head count and
+size), one of them may be -1; the Attention has no KV cache and one output.
 
 Refused before opset 23 (``--target-opset 23`` raises it), where no valid place has an Attention kernel, and
 when a precondition above fails, each with a sentence. Numeric effect: one kernel computes the same products
@@ -115,28 +115,35 @@ class RepeatKV(Rule):
 HEADS_PERM = [0, 2, 1, 3]
 
 
+def reshapes_to(reshape: Node, source: tuple, expected: list) -> bool:
+    """Whether the Reshape's constant shape gives ``expected``: each entry is the expected dim, a 0 copying the
+    source's dim there (without allowzero), or the one -1 (then the product fixes it to the expected dim)."""
+    new = int_list(reshape.input(1))
+    if new is None or len(new) != len(expected) or new.count(-1) > 1:
+        return False
+    copies = not reshape.attr("allowzero", 0)
+    return all(n == e or n == -1 or (n == 0 and copies and i < len(source) and source[i] == e)
+               for i, (n, e) in enumerate(zip(new, expected)))
+
+
 def splits_heads(reshape: Node, x, y) -> bool:
     """Whether Reshape ``reshape`` turns x (batch, seq, heads * size) into y (batch, seq, heads, size)."""
-    new = int_list(reshape.input(1))
-    if x.shape is None or y.shape is None or len(x.shape) != 3 or len(y.shape) != 4 or new is None:
+    if x.shape is None or y.shape is None or len(x.shape) != 3 or len(y.shape) != 4:
         return False
     heads, size = y.shape[2], y.shape[3]
     if not (isinstance(heads, int) and isinstance(size, int) and x.shape[2] == heads * size):
         return False
-    copies = not reshape.attr("allowzero", 0) and new[:2] == [0, 0]
-    return new[2:] in ([heads, size], [-1, size], [heads, -1]) and (copies or new[:2] == list(x.shape[:2]))
+    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads, size])
 
 
 def joins_heads(reshape: Node, x, y) -> bool:
     """Whether Reshape ``reshape`` turns x (batch, seq, heads, size) into y (batch, seq, heads * size)."""
-    new = int_list(reshape.input(1))
-    if x.shape is None or y.shape is None or len(x.shape) != 4 or len(y.shape) != 3 or new is None:
+    if x.shape is None or y.shape is None or len(x.shape) != 4 or len(y.shape) != 3:
         return False
     heads, size = x.shape[2], x.shape[3]
     if not (isinstance(heads, int) and isinstance(size, int)):
         return False
-    copies = not reshape.attr("allowzero", 0) and new[:2] == [0, 0]
-    return new[2] in (heads * size, -1) and (copies or new[:2] == list(x.shape[:2]))
+    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads * size])
 
 
 class HeadsLayout(Rule):
@@ -165,17 +172,33 @@ class HeadsLayout(Rule):
             if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
                 return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
         y_reshape = match.node("y_reshape")
-        if not joins_heads(y_reshape, y_reshape.inputs[0], match.value("out")):
+        joined = y_reshape.inputs[0]
+        reshaped = joins_heads(y_reshape, joined, match.value("out"))
+        # Any other Reshape of the joined heads (GPT-2's (batch * seq, hidden) for its Gemm) is the same Reshape
+        # of the op's 3-D output, both being (batch, seq, heads, size) in row-major order; a 0 in its shape
+        # would copy another dim from the 3-D output, so none may be there.
+        shape = int_list(y_reshape.input(1))
+        if not reshaped and (shape is None or 0 in shape or joined.shape is None or len(joined.shape) != 4 or
+                             not isinstance(joined.shape[2], int) or not isinstance(joined.shape[3], int)):
             return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
         heads = [match.node(f"{w}_reshape").outputs[0].shape[2] for w in "qk"]
-        return heads[0], heads[1]
+        return heads[0], heads[1], reshaped
 
-    def rewrite(self, ctx: PassContext, match: Match, heads: tuple[int, int]) -> Node:
-        attention = match.node("attention")
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, int, bool]) -> list[Node]:
+        q_heads, kv_heads, reshaped = plan
+        graph, attention, y_reshape = match.graph, match.node("attention"), match.node("y_reshape")
         inputs = [match.value("q3"), match.value("k3"), match.value("v3"), *attention.inputs[3:]]
-        attributes = {**dict(attention.attributes), "q_num_heads": heads[0], "kv_num_heads": heads[1]}
-        return match.graph.add_node("Attention", inputs, outputs=[match.value("out")], name=attention.name,
-                                    before=match.node("y_reshape"), attributes=attributes)
+        attributes = {**dict(attention.attributes), "q_num_heads": q_heads, "kv_num_heads": kv_heads}
+        if reshaped:
+            return [graph.add_node("Attention", inputs, outputs=[match.value("out")], name=attention.name,
+                                   before=y_reshape, attributes=attributes)]
+        fused = graph.add_node("Attention", inputs, outputs=1, name=attention.name, before=y_reshape,
+                               attributes=attributes)
+        joined, y = y_reshape.inputs[0], fused.outputs[0]
+        y.dtype, y.shape = joined.dtype, (joined.shape[0], joined.shape[1], joined.shape[2] * joined.shape[3])
+        again = graph.add_node("Reshape", [y, y_reshape.inputs[1]], outputs=[match.value("out")],
+                               name=y_reshape.name, before=y_reshape)
+        return [fused, again]
 
 
 @register_pass(name="attention_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,

@@ -240,7 +240,7 @@ def static_kernel_pick(ctx: PassContext) -> PassResult:
         ctx.report["pick_failures"] = failures  # --check-support reports them per op type and stops here
         if not ctx.options.check_support_only:
             raise UnsupportedOpsError(_no_kernel_message(failures, ctx.places))
-    flows = plan.build_flows(ctx.graph, nodes, lambda value: fetch_place(ctx, value))
+    flows = plan.build_flows(ctx.graph, nodes, lambda value: fetch_place(ctx, value), options)
     problem = plan.Problem(nodes, options, flows, default_cost_model())
     choice, figures = search.solve(problem, [0] * len(nodes))
     for node, node_options, chosen in zip(nodes, options, choice):

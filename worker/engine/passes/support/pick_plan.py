@@ -117,8 +117,8 @@ def casts_of(flow: Flow, source: State, demands: Sequence[State]) -> list[tuple[
     copies: dict[str, str] = {}
     keys: set = set()
 
-    def copied(to: str) -> str:  # type_target_cast.copy_to: the memory the consumer reads the value from
-        if same_memory(target, to):
+    def copied(to: str | None) -> str:  # type_target_cast.copy_to: the memory the consumer reads it from
+        if to is None or same_memory(target, to):  # None: a read from inside a body, never copied
             return target
         if to not in copies:
             if not same_memory(target, HOST.name) and not same_memory(to, HOST.name):
@@ -139,13 +139,13 @@ def casts_of(flow: Flow, source: State, demands: Sequence[State]) -> list[tuple[
             elif wanted not in FLOATS or now not in FLOATS:
                 return False
             else:
-                on = where if is_fetch else port[0]
+                on = where if is_fetch or port[0] is None else port[0]
                 if ("calib", where, on, wanted) not in keys:
                     keys.add(("calib", where, on, wanted))
                     found.append(("calib", count * _ITEMSIZE[wanted], on))
                 held, now = ("calib", where, on, wanted), wanted
         if value.rank == 4 and port[2] is not Layout.ANY and port[2] is not layout:
-            on = where if is_fetch else port[0]
+            on = where if is_fetch or port[0] is None else port[0]
             if ("layout", held, on, port[2]) not in keys:
                 keys.add(("layout", held, on, port[2]))
                 found.append(("layout", count * itemsize(now, value.dtype), on))
@@ -377,16 +377,30 @@ def build_options(node: Node, variants: Sequence[Sequence[Any]], places: ValidPl
     return options
 
 
-def build_flows(graph, nodes: Sequence[Node], fetch_of: Callable[[Value], Place]) -> list[Flow]:
+def build_flows(graph, nodes: Sequence[Node], fetch_of: Callable[[Value], Place],
+                options: Sequence[Sequence[Option]] = ()) -> list[Flow]:
     """Every value that may need a cast: graph inputs and node outputs that are read or leave the graph
-    (weights, Constant outputs and non-tensors never do)."""
+    (weights, Constant outputs and non-tensors never do). A value an If/Loop/Scan body reads from outside is
+    read by that node in its own type (bodies are never converted): each of the node's ``options`` gets one
+    more input for it, which a calib but no io_copy serves (as type_precision_cast does)."""
     index = {node: i for i, node in enumerate(nodes)}
-
-    def consumers(value: Value) -> list:
-        return [(index[use.node], use.slot) for use in value.uses if use.node in index]
 
     def wanted(value: Value) -> bool:
         return value.type_proto is None and not is_constant(value)
+
+    captured: dict[Value, list] = {}
+    for i, node in enumerate(nodes):
+        reads = list(dict.fromkeys(v for body in node.subgraphs() for inner in body.all_nodes()
+                                   for v in inner.inputs if v is not None and v.graph is graph and wanted(v)))
+        if reads and i < len(options):
+            for k, value in enumerate(reads):
+                captured.setdefault(value, []).append((i, len(node.inputs) + k))
+            for option in options[i]:
+                option.inputs = option.inputs[:len(node.inputs)] + tuple(
+                    (None, precision_of_dtype(v.dtype), Layout.ANY) for v in reads)
+
+    def consumers(value: Value) -> list:
+        return [(index[use.node], use.slot) for use in value.uses if use.node in index] + captured.get(value, [])
 
     flows = []
     for value in graph.inputs:
