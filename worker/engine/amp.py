@@ -28,6 +28,9 @@ from worker.engine.places import Precision
 NOT_FINITE = 1e30
 #: Up to this many pins, each is tried without its pin on its own (one step each); more, in halves.
 SINGLES = 4
+#: Steps (a rebuild and a verification each) the search may take: past them, unpinning stops and what
+#: verified last is kept (more pins than needed, never a model that does not verify).
+MAX_STEPS = 40
 
 
 @dataclass
@@ -115,18 +118,20 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outc
             low = middle
     chosen = list(order[:high])
     if prune and len(chosen) > 1:
-        chosen = _unpin(chosen, attempt)
+        chosen = _unpin(chosen, attempt, outcome)
     outcome.pinned, outcome.passed = chosen, True
     return outcome
 
 
-def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool]) -> list[Ranked]:
+def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool], outcome: Outcome) -> list[Ranked]:
     """``chosen`` less the pins it verifies without: segments of it, least ranked first, tried unpinned; one
     that still verifies stays unpinned, one that does not is split, down to single nodes (a ranking that put
     a few of the needed nodes deep costs a few steps, not a pin for every node above them)."""
     dropped: set[int] = set()
 
     def visit(segment: list[Ranked]) -> None:
+        if len(outcome.steps) >= MAX_STEPS:
+            return
         if attempt([r for r in chosen if id(r) not in dropped and r not in segment]):
             dropped.update(id(r) for r in segment)
         elif len(segment) > 1:
