@@ -83,6 +83,12 @@ class PlacementCost(BaseModel):
     greedy_casts: CastFigures | None = None
 
 
+class PrecisionFallback(BaseModel):
+    nodes: list[str] = Field(description="nodes kept in fp32 because the model did not verify with them in fp16")
+    runs: int | None = Field(None, description="verification runs auto mixed precision took to find them")
+    seconds: float | None = None
+
+
 class JobSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -112,6 +118,9 @@ class JobSummary(BaseModel):
                                                       "list, by op, with the reason")
     memory_spaces: list[MemorySpace] | None = None
     placement: PlacementCost | None = Field(None, description="the cost of the kernel pick against the greedy pick")
+    precision_fallback: PrecisionFallback | None = Field(
+        None, description="auto mixed precision (option precision_fallback): with fp16 places, the fewest nodes "
+                          "kept in fp32 for the output to verify; the report's precision_fallback says why each")
     warnings: list[str] | None = Field(None, description="what the run went on despite: a pass that failed and "
                                                          "was undone (the trace has the details), a plugin that "
                                                          "failed to load, a skipped verification")

@@ -125,3 +125,28 @@ def test_the_option_and_the_flag():
     assert options_from_args(args).precision_fallback is False
     args = parser.parse_args(["optimize", "m.onnx", "-o", "o.onnx"])
     assert options_from_args(args).precision_fallback is True
+
+
+def test_the_search_keeps_what_verified_last_when_its_steps_run_out(monkeypatch):
+    from worker.engine import amp
+
+    order = [amp.Ranked(f"n{i}", "Add", 10.0 - i, 10.0 - i) for i in range(10)]
+    needed = {"n7"}  # ranked low: the prefix that verifies holds 8 pins, unpinning takes steps
+
+    def trial(names):
+        return needed <= set(names), ""
+
+    full = amp.search(order, trial)
+    assert [r.node for r in full.pinned] == ["n7"] and full.passed
+    monkeypatch.setattr(amp, "MAX_STEPS", full.runs - 2)
+    cut = amp.search(order, trial)
+    assert cut.passed and cut.runs == full.runs - 2 and "n7" in {r.node for r in cut.pinned}
+    assert len(cut.pinned) > 1  # more pins than needed, never a set that does not verify
+
+
+def test_the_search_stops_starting_steps_when_its_time_is_spent():
+    from worker.engine import amp
+
+    order = [amp.Ranked(f"n{i}", "Add", 10.0 - i, 10.0 - i) for i in range(10)]
+    outcome = amp.search(order, lambda names: ("n7" in names, ""), seconds=0.0)
+    assert outcome.passed and outcome.runs == 1 and len(outcome.pinned) == 10  # all pinned verified: kept

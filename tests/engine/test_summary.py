@@ -152,17 +152,23 @@ def test_recorded_fallbacks_keep_their_kind_a_rewritten_op_is_a_rewrite_and_an_a
                    "place": "host/fp16/nhwc",
                    "fallback": {"kind": "precision", "reason": "no fp16 kernel", "user_place": False}},
                   {"node": "m", "op": "Mul", "kernel": "host:Mul:14-:fp16:any", "place": "host/fp16/nhwc",
-                   "fallback": {"kind": "pick", "reason": "arm:Mul applies", "user_place": True}}],
-                  "places": {"host/fp32/nchw": 1, "host/fp16/nhwc": 2},
+                   "fallback": {"kind": "pick", "reason": "arm:Mul applies", "user_place": True}},
+                  # made by a rewrite, but on host by the plan's choice: the plan, not the rewrite, put it there
+                  {"node": "r", "op": "ReduceMean", "kernel": "host:ReduceMean:1-12:fp16:nchw",
+                   "place": "host/fp16/nchw",
+                   "fallback": {"kind": "plan", "reason": "the placement plan chose the host", "user_place": True}}],
+                  "places": {"host/fp32/nchw": 1, "host/fp16/nhwc": 2, "host/fp16/nchw": 1},
                   "casts": [{"node": "c1", "cast": "calib", "bytes": 100}, {"node": "c2", "cast": "calib", "bytes": 28},
                             {"node": "c3", "cast": "layout", "bytes": None}]}}
     summary = build_summary(report)
     kinds = {f["op"]: (f["kind"], f["user_place_possible"]) for f in summary["host_fallbacks"]}
-    assert kinds == {"Where": ("no kernel", 0), "mirserve.FusedConvSilu": ("rewrite", 0), "Mul": ("pick", 1)}
+    assert kinds == {"Where": ("no kernel", 0), "mirserve.FusedConvSilu": ("rewrite", 0), "Mul": ("pick", 1),
+                     "ReduceMean": ("plan", 1)}
     rewrite = next(f for f in summary["host_fallbacks"] if f["kind"] == "rewrite")
     assert rewrite["reason"] == "a rewrite made mirserve.FusedConvSilu: no fp16 kernel"
     assert summary["cast_bytes"] == {"io_copy": 0, "calib": 128, "layout": None}
-    possible, rewritten = summary["warnings"]
+    planned, possible, rewritten = summary["warnings"]
+    assert planned.startswith("1 node(s) on host by the placement plan although a place you listed could run")
     assert possible == "1 node(s) fell back to host where a place you listed was possible: Mul (pick: m)"
     assert rewritten == ("1 node(s) fell back to host on ops a rewrite made, which no place you listed runs: "
                          "mirserve.FusedConvSilu (f)")

@@ -18,3 +18,14 @@ def test_unknown_macs_reach_the_job_summary_as_null_with_the_reasons():
     known["summary"] = build_summary(known)
     summary = Report.model_validate(known).summary()
     assert summary["macs"] == 5000 and summary["macs_unknown"] == []
+
+
+def test_the_nodes_auto_mixed_precision_kept_in_fp32_reach_the_job_summary():
+    report = {"precision_fallback": {"failure": "the optimized model does not compute what the input computed",
+                                     "nodes": [{"node": "softmax", "op": "Softmax", "place": "arm/fp32/nchw",
+                                                "why": "in fp16 its output leaves fp16's range (65504)"}],
+                                     "runs": 4, "seconds": 2.5}}
+    report["summary"] = build_summary(report)
+    summary = Report.model_validate(report).summary()
+    assert summary["precision_fallback"] == {"nodes": ["softmax"], "runs": 4, "seconds": 2.5}
+    assert Report.model_validate({"summary": build_summary({})}).summary()["precision_fallback"] is None

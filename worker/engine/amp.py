@@ -28,6 +28,9 @@ from worker.engine.places import Precision
 NOT_FINITE = 1e30
 #: Up to this many pins, each is tried without its pin on its own (one step each); more, in halves.
 SINGLES = 4
+#: Steps (a rebuild and a verification each) the search may take: past them, unpinning stops and what
+#: verified last is kept (more pins than needed, never a model that does not verify).
+MAX_STEPS = 40
 
 
 @dataclass
@@ -92,10 +95,15 @@ def rank(graph: Graph, errors: dict[str, float]) -> list[Ranked]:
 Trial = Callable[[Sequence[str]], "tuple[bool, str]"]
 
 
-def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outcome:
+def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds: float | None = None) -> Outcome:
     """The shortest prefix of ``order`` that verifies when pinned (``trial(names)`` -> passed, what it found),
-    then each of its nodes tried without its pin (when ``prune``). Assumes pinning more never hurts."""
+    then each of its nodes tried without its pin (when ``prune``). Assumes pinning more never hurts. After
+    ``seconds`` (or MAX_STEPS steps) no new step starts: the set that verified last is kept."""
     outcome = Outcome()
+    deadline = None if seconds is None else time.perf_counter() + seconds
+
+    def spent() -> bool:
+        return len(outcome.steps) >= MAX_STEPS or (deadline is not None and time.perf_counter() > deadline)
 
     def attempt(chosen: Sequence[Ranked]) -> bool:
         started = time.perf_counter()
@@ -107,7 +115,7 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outc
     if not order or not attempt(order):
         return outcome
     low, high = 0, len(order)  # prefix low fails (the first build: no pins), prefix high passes
-    while high - low > 1:
+    while high - low > 1 and not spent():
         middle = (low + high) // 2
         if attempt(order[:middle]):
             high = middle
@@ -115,18 +123,21 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True) -> Outc
             low = middle
     chosen = list(order[:high])
     if prune and len(chosen) > 1:
-        chosen = _unpin(chosen, attempt)
+        chosen = _unpin(chosen, attempt, spent)
     outcome.pinned, outcome.passed = chosen, True
     return outcome
 
 
-def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool]) -> list[Ranked]:
+def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool],
+           spent: Callable[[], bool]) -> list[Ranked]:
     """``chosen`` less the pins it verifies without: segments of it, least ranked first, tried unpinned; one
     that still verifies stays unpinned, one that does not is split, down to single nodes (a ranking that put
     a few of the needed nodes deep costs a few steps, not a pin for every node above them)."""
     dropped: set[int] = set()
 
     def visit(segment: list[Ranked]) -> None:
+        if spent():
+            return
         if attempt([r for r in chosen if id(r) not in dropped and r not in segment]):
             dropped.update(id(r) for r in segment)
         elif len(segment) > 1:

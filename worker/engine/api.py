@@ -237,7 +237,8 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
             built["last"] = attempt  # the search ends on the last set that verified
             return True, "verified"
 
-        outcome = amp.search(order, trial)
+        # as long as verification may take, spread over the steps (the set that verified last is kept)
+        outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
     section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
     if not outcome.passed:
         section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "

@@ -21,7 +21,7 @@ from onnx import shape_inference
 from worker.engine.errors import OptionsError
 from worker.engine.evaluate import evaluate
 from worker.engine.ir import Graph, Model, Value, model_to_proto
-from worker.engine.ir.serde import type_from_proto
+from worker.engine.ir.serde import type_from_proto, value_info_proto
 from worker.engine.ir.value import Dim, Shape
 from worker.engine.kernels.ops import SHAPE_INPUTS
 from worker.engine.limits import GENERATORS, SIZED_BY_VALUE, Limits, describe_node, elements_from_values
@@ -132,6 +132,10 @@ def types_at(model: Model, shapes: Mapping[str, Sequence[int]], limits: Limits =
     of a model whose dims are open: the memory plan at sample sizes); on exit every type is as before."""
     saved = [(value, value.dtype, value.shape, value.type_proto)
              for graph in model.graph.all_graphs() for value in graph.values()]
+    key = id(model)
+    outermost = key not in _FROZEN
+    if outermost and not any(True for _ in model.graph.all_graphs() if _ is not model.graph):
+        _FROZEN[key] = None  # the graph does not change inside: its proto is written once (see _inference_proto)
     try:
         apply_input_shapes(model.graph, shapes)
         infer_types(model, limits)
@@ -139,10 +143,38 @@ def types_at(model: Model, shapes: Mapping[str, Sequence[int]], limits: Limits =
     finally:
         for value, dtype, shape, type_proto in saved:
             value.dtype, value.shape, value.type_proto = dtype, shape, type_proto
+        if outermost:
+            _FROZEN.pop(key, None)
+
+
+#: Models inside ``types_at`` (by id), with the proto onnx's inference reads once it is written. The block only
+#: retypes values, so the nodes and small initializers stay as written; each use refreshes the top-level inputs'
+#: and outputs' types. The memory plan types a model at eight sizes, three inference rounds each, and writing the
+#: proto was a fifth of its time. Models with subgraphs (whose bodies declare typed inputs) are written each time.
+_FROZEN: dict[int, onnx.ModelProto | None] = {}
+
+
+def _inference_proto(model: Model) -> onnx.ModelProto:
+    """The model without weights or value_info, as onnx's shape inference reads it: a fresh proto to edit."""
+    key = id(model)
+    if key not in _FROZEN:
+        return model_to_proto(model, with_weights=False, value_info=False)
+    if _FROZEN[key] is None:
+        _FROZEN[key] = model_to_proto(model, with_weights=False, value_info=False)
+    proto = onnx.ModelProto()
+    proto.CopyFrom(_FROZEN[key])
+    graph = model.graph
+    for info in proto.graph.input:
+        value = graph.value(info.name)
+        if value is not None and value.is_graph_input:
+            info.CopyFrom(value_info_proto(value))
+    for info, value in zip(proto.graph.output, graph.outputs):
+        info.CopyFrom(value_info_proto(value))
+    return proto
 
 
 def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
-    proto = model_to_proto(model, with_weights=False, value_info=False)
+    proto = _inference_proto(model)
     _forget_output_shapes(proto.graph)
     _substitute_known(proto.graph, known)
     _cut_runtime_shapes(model, proto.graph)

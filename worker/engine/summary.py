@@ -141,7 +141,8 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
 
     The reason is the one place_report recorded for the node, else one read off ``has_kernel`` (``by_choice``:
     op types the placement plan put on the host although a user's target runs them, kind ``plan``); an op the
-    input model did not have (a fused op) was made by a rewrite, which is then the kind of reason.
+    input model did not have (a fused op) was made by a rewrite, which is then the kind of reason (unless a
+    listed place runs it: then the plan or the pick, not the rewrite, put it on host).
     """
     if HOST.name in user_targets:
         return []
@@ -162,7 +163,7 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
                 kind, possible = "plan", True
                 reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
                           f"casts around it there cost more")
-        if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc"):
+        if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc") and kind not in ("plan", "pick"):
             kind, reason = "rewrite", f"a rewrite made {op}: {reason}"
         group = groups.setdefault((kernel_op, place, kind), {"names": [], "reason": reason, "possible": 0})
         group["names"].append(str(node.get("node")))

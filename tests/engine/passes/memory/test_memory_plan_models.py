@@ -114,3 +114,22 @@ def test_fused_attention_counts_what_its_matmuls_did():
     attention = [n for n in fused["nodes"] if n["op"] == "Attention"]
     assert attention and fused["unknown"] == [] and unfused["unknown"] == []
     assert fused["total"] == unfused["total"]
+
+
+@pytest.mark.models
+def test_the_inference_proto_written_once_per_sizing_gives_the_same_plan(monkeypatch, tmp_path):
+    """types_at writes the model for onnx's inference once and refreshes only its inputs' and outputs' types;
+    the memory section (plans and formulas over eight sizes) is the same as writing it every time."""
+    import json
+
+    from worker.engine import inference
+    from worker.engine.api import OptimizeOptions, optimize
+
+    model = Path(__file__).resolve().parents[4].parent / "shared" / "corpus" / "bert_small_dyn.onnx"
+    options = OptimizeOptions(verify=False)
+    cached = optimize(model, tmp_path / "a.onnx", options)["memory"]
+    monkeypatch.setattr(inference, "_inference_proto",
+                        lambda m: inference.model_to_proto(m, with_weights=False, value_info=False))
+    fresh = optimize(model, tmp_path / "b.onnx", options)["memory"]
+    assert cached["symbolic"]["spaces"] and json.dumps(cached, sort_keys=True, default=str) == json.dumps(
+        fresh, sort_keys=True, default=str)

@@ -2,7 +2,8 @@
 on a place at least as good as the nodes it replaces would get.
 
 The done-when test runs every corpus and light model under three place sets at ``--opt-level 1`` and at the
-default level: the default level never puts more nodes on host, and its output verifies wherever level 1's does
+default level: the default level never puts more nodes on host for want of a kernel (nodes the placement plan
+puts on host by choice, to save casts, are not counted), and its output verifies wherever level 1's does
 (the fp16 runs that fail verification at both levels fail for fp16 arithmetic, not for a rewrite; auto mixed
 precision is another helper's work). The unit tests check the refusal itself on one-rule models.
 """
@@ -23,8 +24,12 @@ CASTS = ("mirserve.io_copy", "mirserve.calib", "mirserve.layout")
 
 
 def host_nodes(report: dict) -> list[str]:
+    """Nodes on host because no place the user listed runs them. Those the placement plan put there by choice
+    (a listed place runs them, the casts around it cost more: fallback kind ``plan``) are the cost-optimal
+    pick's decision, not placement a rewrite lost, and are left out."""
     return [n["node"] for n in report["kernels"]["nodes"]
-            if (n["place"] or "").startswith("host/") and n["op"] not in CASTS]
+            if (n["place"] or "").startswith("host/") and n["op"] not in CASTS
+            and (n.get("fallback") or {}).get("kind") != "plan"]
 
 
 def _run(model, tmp_path, places: str, level: int, verify: bool) -> dict:
