@@ -54,9 +54,13 @@ def test_the_summary_accounts_for_every_node_before_and_after(cls_run):
 @pytest.mark.models
 def test_the_classifier_has_no_host_fallback_since_arm_runs_its_fused_ops(cls_run):
     # FusedConvHardSigmoid once fell back to host (no ARM kernel of its own); ARM now runs it because it runs
-    # Conv, Mul, Add and Clip in fp16 (a kernel derived from the body)
-    assert cls_run["summary"]["host_fallbacks"] == []
-    assert not any(n["place"].startswith("host/") for n in cls_run["kernels"]["nodes"])
+    # Conv, Mul, Add and Clip in fp16 (a kernel derived from the body). What is left on host is there by the
+    # placement plan's choice (a listed place could run it, the casts around it there cost more), and says so.
+    fallbacks = cls_run["summary"]["host_fallbacks"]
+    assert all(f["kind"] == "plan" and f["user_place_possible"] == f["nodes"] for f in fallbacks), fallbacks
+    on_host = [n["node"] for n in cls_run["kernels"]["nodes"]
+               if n["place"].startswith("host/") and n["op"] not in ("mirserve.layout", "mirserve.calib")]
+    assert sorted(on_host) == sorted(e for f in fallbacks for e in f["examples"])
     casts = cls_run["kernels"]["casts"]
     assert cls_run["summary"]["cast_bytes"] == {
         kind: sum(c["bytes"] for c in casts if c["cast"] == kind) for kind in ("io_copy", "calib", "layout")}
@@ -72,7 +76,7 @@ def test_host_fallbacks_name_the_op_and_why_no_listed_place_runs_it(bert_run):
     assert sum(f["nodes"] for f in fallbacks) == len(on_host) > 0
     for fallback in fallbacks:
         assert fallback["place"].startswith("host/") and fallback["examples"]
-        assert fallback["kind"] in ("no kernel", "precision", "layout", "constraints", "rewrite", "pick")
+        assert fallback["kind"] in ("no kernel", "precision", "layout", "constraints", "rewrite", "pick", "plan")
         if fallback["kind"] == "no kernel":
             assert fallback["reason"] == f"no kernel for {fallback['op']} on arm"
     assert "no kernel" in {f["kind"] for f in fallbacks}
@@ -93,7 +97,7 @@ def test_memory_verification_and_macs_come_from_the_report(cls_run):
     verification = summary["verification"]
     assert verification["passed"] is True and verification["runs"] == 1
     assert verification["max_abs_diff"] == max(o["max_abs_diff"] for o in cls_run["verification"]["outputs"])
-    assert summary["warnings"] == []
+    assert all("by the placement plan" in w for w in summary["warnings"]), summary["warnings"]
 
 
 @pytest.mark.models
@@ -114,7 +118,8 @@ def test_the_cli_prints_tables_or_json(tmp_path, capsys):
     assert main([*args, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["nodes"]["before"] == 566 and printed["verification"]["passed"] is None
-    assert printed["verification"]["skipped"] == "verification was turned off" and printed["warnings"] == []
+    assert printed["verification"]["skipped"] == "verification was turned off"
+    assert all("by the placement plan" in w for w in printed["warnings"]), printed["warnings"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"wrote {tmp_path / 'cls.onnx'}: 566 -> ") and "nodes per place" in out
