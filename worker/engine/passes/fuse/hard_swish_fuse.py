@@ -14,23 +14,14 @@ from __future__ import annotations
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.activations import Form, Params, forms
+from worker.engine.passes.support.activations import FormRule, Params, forms
 from worker.engine.passes.support.weights import FLOAT_TYPES
-from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
+from worker.engine.pattern import Match, apply_rules, describe
 
 ALPHA, BETA = 1.0 / 6.0, 0.5
 
 
-class HardSwishForm(Rule):
-    def __init__(self, form: Form):
-        super().__init__()
-        self.form, self.name = form, form.name
-
-    def build_pattern(self) -> Pattern:
-        p = Pattern(self.name)
-        self.form.append(p, p.var("x"))
-        return p
-
+class HardSwishForm(FormRule):
     def check(self, ctx: PassContext, match: Match) -> Params | str:
         params = self.form.read(match, ctx.opset())
         if isinstance(params, str):

@@ -28,7 +28,7 @@ from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
 from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.mirserve_ops import emit_refusal
-from worker.engine.passes.support.normalization import affine_constant, scalar
+from worker.engine.passes.support.normalization import scalar
 from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct, broadcast
@@ -97,12 +97,7 @@ class DomainRMSNorm(RMSNormChain):
 
     def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
         x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
-        dtype = numpy_dtype(x.dtype)
-        if self.has_scale:
-            gamma = affine_constant(match.value("gamma"), x.shape, axis).astype(dtype)
-        else:
-            gamma = np.ones(x.shape[axis:], dtype)
-        scale = graph.add_initializer(f"{anchor.name}_scale", gamma)
+        scale = self.scale(match, axis)
         return graph.add_node("RMSNorm", [x, scale], outputs=[match.value("out")], name=anchor.name, domain=DOMAIN,
                               before=anchor, attributes={"epsilon": scalar(match.value("eps"))})
 

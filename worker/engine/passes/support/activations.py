@@ -25,7 +25,7 @@ import numpy as np
 
 from worker.engine.ir import Node, Value
 from worker.engine.mirserve_domain.activations import ALPHA, BETA
-from worker.engine.pattern import Match, Pattern, VarPattern, describe
+from worker.engine.pattern import Match, Pattern, Rule, VarPattern, describe
 
 #: The relative tolerance of every constant of a form (an absolute one for constants near zero).
 RTOL, ATOL = 1e-5, 1e-7
@@ -45,6 +45,20 @@ class Form:
     #: The activation's parameters, a sentence saying why the match is not this activation, or None when it
     #: is plainly another form (Clip(0, inf) is no Relu6 but Relu).
     read: Callable[[Match, int], Params | str | None]
+
+
+class FormRule(Rule):
+    """A rule matching one written-out form of an activation, its pattern reading ``x``; subclasses check and
+    rewrite."""
+
+    def __init__(self, form: Form):
+        super().__init__()
+        self.form, self.name = form, form.name
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        self.form.append(p, p.var("x"))
+        return p
 
 
 # --- constants ------------------------------------------------------------------------------------------

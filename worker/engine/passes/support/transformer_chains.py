@@ -8,7 +8,7 @@ import numpy as np
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext
-from worker.engine.passes.support.activations import Form, Params
+from worker.engine.passes.support.activations import FormRule, Params
 from worker.engine.passes.support.normalization import affine_constant, normalized_axes, scalar, trailing_axis
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
@@ -74,28 +74,24 @@ class RMSNormChain(Rule):
                     f"normalized dims")
         return axis
 
-    def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
-        x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
+    def scale(self, match: Match, axis: int):
+        """The normalization's scale as an initializer over the normalized dims (ones when it has none)."""
+        x, anchor = match.value("x"), match.node("normalize")
         dtype = numpy_dtype(x.dtype)
         if self.has_scale:
             gamma = affine_constant(match.value("gamma"), x.shape, axis).astype(dtype)
         else:
             gamma = np.ones(x.shape[axis:], dtype)
-        scale = graph.add_initializer(f"{anchor.name}_scale", gamma)
+        return match.graph.add_initializer(f"{anchor.name}_scale", gamma)
+
+    def rewrite(self, ctx: PassContext, match: Match, axis: int) -> Node:
+        x, graph, anchor = match.value("x"), match.graph, match.node("normalize")
+        scale = self.scale(match, axis)
         return graph.add_node("RMSNormalization", [x, scale], outputs=[match.value("out")], name=anchor.name,
                               before=anchor, attributes={"axis": axis, "epsilon": scalar(match.value("eps"))})
 
 
-class GeluChain(Rule):
-    def __init__(self, form: Form):
-        super().__init__()
-        self.form, self.name = form, form.name
-
-    def build_pattern(self) -> Pattern:
-        p = Pattern(self.name)
-        self.form.append(p, p.var("x"))
-        return p
-
+class GeluChain(FormRule):
     def check(self, ctx: PassContext, match: Match) -> Params | str:
         return standard_op_refusal(ctx, "Gelu", 20) or self.plan(ctx, match)
 
