@@ -84,7 +84,9 @@ def test_a_corpus_model_is_optimized_downloaded_and_runs_like_its_input(server, 
     summary = job["summary"]  # the readable summary, as the CLI prints it
     assert sum(r["after"] for r in summary["op_types"]) == summary["nodes_after"] == report["summary"]["nodes"]["after"]
     assert sum(summary["nodes_per_place"].values()) == summary["nodes_after"]
-    assert summary["casts"] == report["summary"]["casts"] and summary["warnings"] == []
+    assert summary["casts"] == report["summary"]["casts"]
+    # the only warnings: nodes the placement plan put on host by choice (the casts elsewhere cost more)
+    assert all("by the placement plan" in w for w in summary["warnings"]), summary["warnings"]
 
     memory = server.client.get(job["links"]["memory"])
     assert memory.status_code == 200 and memory.json() == report["memory"]

@@ -378,7 +378,11 @@ def _figures_table(summary: Mapping[str, Any]):
         rows.append(["casts", ", ".join(f"{kind} {count}" + (f" ({_bytes(sizes[kind])})" if count and sizes.get(kind)
                                                              else "") for kind, count in casts.items()) or "none"])
     plan = summary.get("placement")
-    if plan:
+    if plan and None in (plan.get("cost"), plan.get("greedy_cost")):
+        rows.append(["placement cost", "not priced: the cost model has no cast chain for some value the cast "
+                                       f"passes placed; casts {plan['casts']['count']}, "
+                                       f"{_bytes(plan['casts']['bytes'])}"])
+    elif plan:
         rows.append(["placement cost", f"{plan['cost']:,.0f} (greedy pick {plan['greedy_cost']:,.0f}, lower bound "
                                        f"{plan['lower_bound']:,.0f}); casts {plan['casts']['count']}, "
                                        f"{_bytes(plan['casts']['bytes'])} (greedy pick "

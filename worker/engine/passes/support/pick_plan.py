@@ -17,6 +17,8 @@ to the better Paddle-Lite score (the tie-break is part of each option's cost).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -76,9 +78,16 @@ class Figures:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"cost": round(self.cost, 1), "greedy_cost": round(self.greedy_cost, 1),
-                "lower_bound": round(self.lower_bound, 1), "method": self.method,
+        """Costs a flow's casts could not be priced for (no cast chain the model knows joins its ends, though
+        the cast passes found one) are infinite here: they are reported as null, which JSON can carry."""
+        return {"cost": finite(self.cost), "greedy_cost": finite(self.greedy_cost),
+                "lower_bound": finite(self.lower_bound), "method": self.method,
                 "casts": self.casts, "greedy_casts": self.greedy_casts, "seconds": round(self.seconds, 4)}
+
+
+def finite(cost: float) -> float | None:
+    """A cost for the report: rounded, or None when it is not finite."""
+    return round(cost, 1) if math.isfinite(cost) else None
 
 
 # --- sizes --------------------------------------------------------------------------------------------------
@@ -239,7 +248,7 @@ class Problem:
                 entry["count"] += 1
                 entry["bytes"] += size
         return {"count": sum(e["count"] for e in counts.values()), "bytes": sum(e["bytes"] for e in counts.values()),
-                "by_kind": dict(sorted(counts.items())), "cost": round(cost, 1)}
+                "by_kind": dict(sorted(counts.items())), "cost": finite(cost)}
 
     def lower_bound(self) -> float:
         """No plan costs less: every node on its cheapest option, no cast at all."""
