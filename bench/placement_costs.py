@@ -69,13 +69,18 @@ def _change(after: int, before: int) -> str:
     return "0" if before == 0 and after == 0 else f"{100.0 * (after - before) / before:+.0f}%" if before else "new"
 
 
+def _cost(value: float | None) -> str:
+    """A cost figure; the report gives null where a flow's casts could not be priced."""
+    return "not priced" if value is None else f"{value:,.0f}"
+
+
 def row(name: str, result: dict) -> str:
     plan = result["plan"]
     mine, greedy = plan["casts"], plan["greedy_casts"]
     change = f"{_change(mine['count'], greedy['count'])} / {_change(mine['bytes'], greedy['bytes'])}"
     method = "exact" if plan["method"].startswith("exact") else "local search"
     return (f"| {name} | {result['nodes']} | {_casts(greedy)} | {_casts(mine)} | {change} | "
-            f"{plan['greedy_cost']:,.0f} | {plan['cost']:,.0f} | {plan['lower_bound']:,.0f} | {method} | "
+            f"{_cost(plan['greedy_cost'])} | {_cost(plan['cost'])} | {_cost(plan['lower_bound'])} | {method} | "
             f"{'yes' if result['inserted'] == mine['count'] else 'no (' + str(result['inserted']) + ')'} | "
             f"{result['verified']} |")
 
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
         cpu, wall, nodes, figures = planning_time(places, args.repeat)
         timings.append(f"| {places} | {nodes} | {cpu:.3f} | {wall:.3f} | {figures['method']} | "
                        f"{figures['greedy_casts']['count']} -> {figures['casts']['count']} | "
-                       f"{figures['greedy_cost']:,.0f} -> {figures['cost']:,.0f} (bound {figures['lower_bound']:,.0f}) |")
+                       f"{_cost(figures['greedy_cost'])} -> {_cost(figures['cost'])} "
+                       f"(bound {_cost(figures['lower_bound'])}) |")
         print(timings[-1], flush=True)
         ok &= cpu < 0.5
     timing = "\n".join([
