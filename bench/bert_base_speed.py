@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from load_jobs import compile_project  # noqa: E402
 MIRSERVE = REPO / ".venv" / "bin" / "mirserve"
 PYTHON = REPO / ".venv" / "bin" / "python"
 SECTION = "## BERT-base speed and memory"
@@ -70,13 +72,6 @@ def timed(command: list[str]) -> dict:
 def best(command: list[str], repeat: int) -> dict:
     """The fastest of ``repeat`` runs (and its peak RSS): the machine is shared, the best run is the model's."""
     return min((timed(command) for _ in range(repeat)), key=lambda r: r["seconds"])
-
-
-def compile_project() -> None:
-    """Byte-compile the project once: with PYTHONDONTWRITEBYTECODE (set on this machine) every run would
-    otherwise compile all of mirserve's modules again (0.6 s), which an installed package never does."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "worker"), str(REPO / "app")],
-                   check=True)
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from load_jobs import compile_project  # noqa: E402
 MIRSERVE = REPO / ".venv" / "bin" / "mirserve"
 SECTION = "## Models larger than memory"
 
@@ -46,13 +48,6 @@ def timed(command: list[str]) -> dict:
     if done.returncode != 0:
         result["error"] = [line for line in done.stderr.splitlines() if "error" in line.lower()][-1:]
     return result
-
-
-def compile_project() -> None:
-    """Byte-compile the project once: with PYTHONDONTWRITEBYTECODE (set on this machine) every run would
-    otherwise compile all of mirserve's modules again (0.6 s), which an installed package never does."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "worker"), str(REPO / "app")],
-                   check=True)
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_jobs import REPO, ScratchSchema, free_port, percentile, wait_ready  # noqa: E402
+from load_jobs import REPO, ScratchSchema, free_port, percentile, stop_services, wait_ready  # noqa: E402
 
 POSTGRES_URL = os.environ.get("MIRSERVE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("MIRSERVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -70,14 +69,7 @@ def start(data_dir: Path, port: int, env_extra: dict[str, str], log_dir: Path) -
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        process.send_signal(signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_services(processes)
 
 
 def one_job(client: httpx.Client, model: bytes) -> dict[str, float]:

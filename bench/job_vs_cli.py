@@ -24,7 +24,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from job_overhead import start, stop  # noqa: E402
-from load_jobs import REPO, free_port, wait_ready  # noqa: E402
+from load_jobs import REPO, compile_project, free_port, wait_ready  # noqa: E402
 
 CLASSIFIER = REPO.parent / "shared" / "corpus" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 
@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--places", default="x86/fp32/nchw")
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "app"), str(REPO / "worker")], check=True)
+    compile_project()
     work = Path(tempfile.mkdtemp(prefix="mirserve-job-vs-cli-"))
     port = free_port()
     processes = start(work / "data", port, {"MIRSERVE_WARM_ENGINES": "1"}, work)

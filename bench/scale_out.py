@@ -19,7 +19,6 @@ import asyncio
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_jobs import REPO, ScratchSchema, free_port, wait_ready  # noqa: E402
+from load_jobs import REPO, ScratchSchema, free_port, stop_services, wait_ready  # noqa: E402
 
 GOAL = 0.9
 
@@ -85,14 +84,7 @@ def measure(args, slots: int, model: bytes, work: Path) -> dict:
         count = args.jobs_per_slot * slots
         jobs = asyncio.run(run_jobs(base, count, model))
     finally:
-        for process in processes:
-            process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_services(processes)
     first = min(datetime.fromisoformat(j["created_at"]) for j in jobs)
     last = max(datetime.fromisoformat(j["finished_at"]) for j in jobs)
     seconds = (last - first).total_seconds()
