@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Sequence
 
 from worker.engine.api import add_plugin_argument, build_parser, run_cli
-from worker.jobs import (JobSettings, JobStore, KeyRefused, KeyStore, SchemaError, WorkerSupervisor,
-                         add_worker_arguments, configure_logging, load_settings, run_worker)
+
+# worker.jobs is imported where a command needs it: its store brings SQLAlchemy and alembic (about 0.4 s), which
+# the client commands (submit, jobs, ...) and the engine's own (optimize, passes) never use.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +43,8 @@ def add_service_commands(commands) -> None:
         cmd = commands.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}; settings come "
                                   "from MIRSERVE_* environment variables (see the README).")
         if name == "worker":
+            from worker.jobs import add_worker_arguments
+
             add_worker_arguments(cmd)
         else:
             cmd.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
@@ -87,7 +90,15 @@ def add_keys_command(commands) -> None:
     cmd.set_defaults(func=run_keys)
 
 
+def run_worker(args: argparse.Namespace) -> int:
+    from worker.jobs import run_worker
+
+    return run_worker(args)
+
+
 def run_keys(args: argparse.Namespace) -> int:
+    from worker.jobs import JobSettings, JobStore, KeyRefused, KeyStore, SchemaError, load_settings
+
     settings = load_settings(JobSettings, {"MIRSERVE_DATA_DIR": args.data_dir})
     store = JobStore(settings.effective_database_url)
     try:
@@ -141,6 +152,7 @@ def _settings(args: argparse.Namespace):
     from app.settings import Settings
 
     from app.auth import InsecureBind, check_exposure
+    from worker.jobs import configure_logging, load_settings
 
     settings = load_settings(Settings, {"MIRSERVE_DATA_DIR": args.data_dir, "MIRSERVE_HOST": args.host,
                                         "MIRSERVE_PORT": args.port})
@@ -162,6 +174,7 @@ def _serve_api(settings) -> int:
     from app.main import create_app
 
     from app.auth import InsecureBind
+    from worker.jobs import SchemaError
 
     try:
         app = create_app(settings)
@@ -178,6 +191,8 @@ WORKER_STOP_MARGIN_SECONDS = 10.0
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from worker.jobs import WorkerSupervisor
+
     settings = _settings(args)  # bad settings stop here, before anything starts
     if settings.effective_database_url.startswith("sqlite"):  # its own database: keep it at this version
         _with_store(settings, lambda store: store.upgrade_schema())
@@ -190,6 +205,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_db(args: argparse.Namespace) -> int:
+    from worker.jobs import JobSettings, load_settings
+
     settings = load_settings(JobSettings, {"MIRSERVE_DATA_DIR": args.data_dir})
     if args.action == "upgrade":
         revision = _with_store(settings, lambda store: store.upgrade_schema(args.revision))
@@ -205,6 +222,8 @@ def run_db(args: argparse.Namespace) -> int:
 
 
 def _with_store(settings, action):
+    from worker.jobs import JobStore
+
     store = JobStore(settings.effective_database_url)
     try:
         return action(store)

@@ -1,14 +1,22 @@
 """Shared fixtures: the real models (corpus and light model zoo) and helpers to build one-rule models."""
 from __future__ import annotations
 
+import functools
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
+# The suite writes bytecode even where PYTHONDONTWRITEBYTECODE is set (as on the project's machines and in the
+# Dockerfile): without it pytest rewrote the asserts of every test module again on each run (40% of the
+# collection's CPU), and every child the suite starts (servers, command lines, engine processes) compiled
+# mirserve's modules again, which an installed package never does. The children still write nothing: they
+# read what this process wrote.
+sys.dont_write_bytecode = False
 # The suite runs strict: a pass that raises fails the run instead of being undone with a warning, so that no
 # bug hides behind the fail-soft default. Tests of that default ask for strict=False themselves.
 os.environ.setdefault("MIRSERVE_STRICT", "1")
@@ -74,27 +82,54 @@ def pytest_collection_modifyitems(config, items):
     """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name), or whose
     own code opens one (it names ``CORPUS``, ``light_models()`` or ``all_models()``), runs real models: it gets
     the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test having to remember
-    the mark."""
+    the mark. A test whose code or fixtures start the service (``_SERVICE_CODE``) gets the ``service`` mark:
+    ``-m "not models and not service"`` leaves out the tests that wait on real servers and processes."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec and any(_names_a_real_model(v) for v in callspec.params.values()) \
                 or _opens_a_real_model(getattr(item, "function", None)):
             item.add_marker(pytest.mark.models)
+        if any(_starts_the_service(function) for function in _test_and_fixture_functions(item)):
+            item.add_marker(pytest.mark.service)
 
 
 def _opens_a_real_model(function) -> bool:
+    return bool(_REAL_MODEL_CODE.search(_source(function)))
+
+
+@functools.cache
+def _source(function) -> str:
+    """The function's source, read once per function, not once per test: reading it tokenizes it, and the
+    quick loop's 2,600 tests come from about 600 functions."""
     import inspect
 
     if function is None:
-        return False
+        return ""
     try:
-        source = inspect.getsource(function)
+        return inspect.getsource(function)
     except (OSError, TypeError):
-        return False
-    return bool(_REAL_MODEL_CODE.search(source))
+        return ""
 
 
 _REAL_MODEL_CODE = re.compile(r"\bCORPUS\b(?!_SHAPES\b)|\blight_models\(|\ball_models\(")
+
+
+def _test_and_fixture_functions(item) -> list:
+    """The test's function and the function of every fixture it uses, directly or through other fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
+    return [getattr(item, "function", None), *fixtures]
+
+
+def _starts_the_service(function) -> bool:
+    return bool(_SERVICE_CODE.search(_source(function)))
+
+
+#: What starts the service for real: ``mirserve serve``/``api``/``worker`` processes (tests.service.server), an
+#: API on a real socket (tests.client.conftest), a JobWorker (whose jobs run in real engine processes), an engine
+#: process on its own (tests.service.start_engine).
+_SERVICE_CODE = re.compile(r"\b(?:Server|ServiceProcess|worker_process|running_service|JobWorker)\(|"
+                           r"tests\.service\.start_engine")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from worker.engine import forkserver
 from worker.engine.errors import VerificationError
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
@@ -46,7 +47,8 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
 def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None,
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
            atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
-           chunk_bytes: int = 0, mapped_bytes: int = 0) -> dict[str, Any]:
+           chunk_bytes: int = 0, mapped_bytes: int = 0, same_weights: Mapping[str, Sequence] | None = None,
+           shapes_checked: bool = True) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -56,10 +58,17 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
 
     With ``chunk_bytes``, both models run piece by piece with at most that many bytes of weights loaded at a
     time (``chunked.ChunkedSession``), for models too large to load whole; ``mapped_bytes`` is what their
-    files add to the child's address space (mapped, not in its memory budget).
+    files add to the child's address space (mapped, not in its memory budget). With ``same_weights`` as well
+    (the candidate's weights the optimizer left untouched, by ``regions.weight_key`` of their bytes in the
+    reference's files), only the regions where the two graphs differ are compared (``regions``), unless they
+    cannot be, and then the whole models (the report's ``method`` and ``regions_refused`` say which and why);
+    ``shapes_checked`` False says the ``shape_sets`` were not tried on the reference, so the whole-model path
+    chooses its own.
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
                "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
+               "same_weights": None if same_weights is None else {k: list(v) for k, v in same_weights.items()},
+               "shapes_checked": shapes_checked,
                "given": {k: list(v) for k, v in (input_shapes or {}).items()},
                "shape_sets": None if shape_sets is None else [{k: list(v) for k, v in s.items()}
                                                               for s in shape_sets]}
@@ -73,8 +82,9 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
         note = f" ({worst['note']})" if worst.get("note") else ""
         shapes = report["shapes"][worst["set"]] if report.get("shapes") else {}
         where = f" at input shapes {_describe(shapes)}" if shapes else ""
+        what = "value" if report.get("method") == "regions" else "output"
         error = VerificationError(
-            f"the optimized model does not compute what the input computed: output {worst['name']!r} "
+            f"the optimized model does not compute what the input computed: {what} {worst['name']!r} "
             f"differs by up to {worst['max_abs_diff']:.3g} (relative {worst['max_rel_diff']:.3g}) "
             f"on run {worst['run']}{where}, beyond rtol {rtol:g} / atol {atol:g}{note}")
         error.mismatch = report  # the models ran and differ (auto mixed precision may act on it)
@@ -117,21 +127,15 @@ def _run_child(request: dict, timeout: float, memory_mb: int, what: str, mapped_
     address space (0: the caller's own limit). A model that runs forever (a Loop whose condition never turns
     false) or asks for more memory fails the check, naming the budget, and holds nothing after it."""
     request = {**request, "parent_pid": os.getpid(), "memory_mb": memory_mb}
-
-    def limit_memory() -> None:
-        if memory_mb > 0:
-            import resource
-
-            wanted = (memory_mb << 20) + max(0, int(mapped_bytes))  # mapped model files are not memory
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            if hard != resource.RLIM_INFINITY:
-                wanted = min(wanted, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
-
+    # mapped model files are not memory: they add to the address space allowed
+    address_space = (memory_mb << 20) + max(0, int(mapped_bytes)) if memory_mb > 0 else 0
+    env = {**os.environ, "ORT_LOGGING_LEVEL": "3"}
     try:
-        child = subprocess.run([sys.executable, "-m", "worker.engine.numeric"], input=json.dumps(request),
-                               capture_output=True, text=True, timeout=timeout, preexec_fn=limit_memory,
-                               env={**os.environ, "ORT_LOGGING_LEVEL": "3"})
+        child = forkserver.run(json.dumps(request), address_space=address_space, timeout=timeout, env=env)
+        if child is None:  # no fork server here: a new Python
+            child = subprocess.run([sys.executable, "-m", "worker.engine.numeric"], input=json.dumps(request),
+                                   capture_output=True, text=True, timeout=timeout, env=env,
+                                   preexec_fn=lambda: limit_address_space(address_space))
     except subprocess.TimeoutExpired:
         raise VerificationError(f"{what} did not finish within its budget of {timeout:g} s (limit verify_seconds; "
                                 f"raise it with --limit verify_seconds=N)") from None
@@ -143,6 +147,17 @@ def _run_child(request: dict, timeout: float, memory_mb: int, what: str, mapped_
         tail = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
         raise VerificationError(f"{what} crashed: {tail[:300]}")
     return json.loads(lines[-1])
+
+
+def limit_address_space(wanted: int) -> None:
+    """Limit this process's address space to ``wanted`` bytes (0: leave it), within its hard limit."""
+    if wanted > 0:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            wanted = min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (wanted, hard))
 
 
 def _describe(shapes: Shapes) -> str:
@@ -510,6 +525,14 @@ def _child_verify(request: dict) -> dict:
     reason = _ungenerated(reference)
     if reason is not None:
         return {"passed": None, "skipped": reason, "outputs": [], "runs": 0}
+    method: dict[str, Any] = {"method": "whole model"}
+    if request.get("same_weights") is not None and _CHUNK_BYTES:
+        by_regions = _verify_regions(reference, candidate, request)
+        if by_regions.get("passed") is not None:
+            return by_regions
+        method["regions_refused"] = by_regions["refused"]
+        if not request.get("shapes_checked", True):  # untried shapes: the whole models choose their own
+            request = {**request, "shape_sets": None}
     shape_sets = request.get("shape_sets")
     choice = None
     if shape_sets is None:
@@ -546,17 +569,55 @@ def _child_verify(request: dict) -> dict:
                     outputs[name] = entry
     ordered = [outputs[n] for n in names]
     report = {"passed": all(o["passed"] for o in ordered), "runs": request["runs"] * len(shape_sets),
-              "rtol": rtol, "atol": atol, "seed": request["seed"], "outputs": ordered, "shapes": shape_sets}
+              "rtol": rtol, "atol": atol, "seed": request["seed"], "outputs": ordered, "shapes": shape_sets,
+              **method}
+    report["summary"] = f"verified on the whole model, max abs diff {_largest_diff(ordered)}"
     if choice is not None and choice["dims"]:
         report.update(dims=choice["dims"], roles=choice["roles"], tried=choice["tried"])
     return report
 
 
-def main() -> None:
+def _verify_regions(reference, candidate, request: dict) -> dict:
+    """Verification by regions (``regions``): the report, or ``{"passed": None, "refused": why}`` when the
+    models cannot be compared so (the caller then runs them whole)."""
+    from worker.engine.regions import RegionPlan, RegionsRefused, verify_regions
+
+    shape_sets = request.get("shape_sets")
+    if shape_sets is None:
+        choice = _choose(reference, request["given"], request["seed"], try_them=False)
+        if choice.get("error"):
+            return {"passed": None, "refused": choice["error"]}
+        shape_sets = choice["shapes"]
+    try:
+        plan = RegionPlan(reference, candidate, request["same_weights"], shape_sets, _CHUNK_BYTES)
+        found = verify_regions(plan, lambda shapes, rng: _feeds(reference, shapes, rng), shape_sets,
+                               runs=request["runs"], seed=request["seed"], rtol=request["rtol"],
+                               atol=request["atol"], compare=_compare)
+    except RegionsRefused as exc:
+        return {"passed": None, "refused": str(exc)}
+    except Exception as exc:  # onnxruntime could not run a region: the whole models will tell
+        if _out_of_memory(exc, request):
+            return {"passed": None, "refused": _out_of_memory(exc, request)}
+        return {"passed": None, "refused": f"a region did not run: {runtime_message(exc)}"}
+    report = {**found, "method": "regions", "runs": request["runs"] * len(shape_sets), "rtol": request["rtol"],
+              "atol": request["atol"], "seed": request["seed"], "shapes": shape_sets}
+    report["summary"] = (f"verified by regions: {found['regions']} regions, {found['region_nodes']} of "
+                         f"{found['nodes']} nodes, max abs diff {_largest_diff(found['outputs'])}")
+    return report
+
+
+def _largest_diff(outputs) -> str:
+    diffs = [o["max_abs_diff"] for o in outputs if isinstance(o.get("max_abs_diff"), (int, float))]
+    return f"{max(diffs):.3g}" if diffs else "none (no numeric values)"
+
+
+def main(parent_pid: int | None = None) -> None:
+    """Run the check read on stdin and print its answer; ``parent_pid``: the process to die with, when not the
+    one that asked (a fork server's child dies with the server, which dies with the engine)."""
     from worker.engine.children import die_with_parent
 
     request = json.loads(sys.stdin.read())
-    if not die_with_parent(request["parent_pid"]):  # whoever asked is gone: nobody will read the answer
+    if not die_with_parent(parent_pid or request["parent_pid"]):  # whoever asked is gone: nobody reads the answer
         sys.exit(1)
     print(json.dumps(_child(request)))
 

@@ -10,9 +10,6 @@ import signal
 import sys
 from typing import Sequence
 
-from worker.jobs.config import JobSettings, load_settings
-from worker.jobs.logs import configure_logging
-
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="overrides MIRSERVE_DATA_DIR")
@@ -22,7 +19,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Run a worker with the settings of the environment and ``args``; returns the exit status."""
+    from worker.jobs.config import JobSettings, load_settings  # pydantic-settings: not for `mirserve --help`
     from worker.jobs.consumer import JobWorker
+    from worker.jobs.logs import configure_logging
     from worker.jobs.schema import SchemaError
 
     settings = load_settings(JobSettings, {"MIRSERVE_DATA_DIR": args.data_dir,

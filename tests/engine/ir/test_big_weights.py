@@ -79,9 +79,14 @@ def _make_llama(directory: Path, *knobs: str) -> Path:
 
 
 def _optimize_in_child(model: Path, out: Path, *flags: str) -> tuple[dict, int]:
-    """The report and the child's peak resident set in bytes."""
-    code = ("import json, resource, sys; from worker.engine.api import run_cli; code = run_cli(sys.argv[1:]); "
-            "print(json.dumps({'code': code, 'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))")
+    """The report and the child's own peak resident set in bytes.
+
+    The peak is the child's VmHWM, not its ``ru_maxrss``: Linux keeps ``ru_maxrss`` across exec, and Python
+    starts the child with vfork, so the child's ``ru_maxrss`` starts at the peak of the process that started
+    it (this test's pytest, which in the whole suite has held 450 MB before it gets here)."""
+    code = ("import json, sys; from worker.engine.api import run_cli; code = run_cli(sys.argv[1:]); "
+            "peak = next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:')); "
+            "print(json.dumps({'code': code, 'rss': peak}))")
     report = out.with_suffix(".json")
     done = subprocess.run([sys.executable, "-c", code, "optimize", str(model), "-o", str(out), "--quiet",
                            "--report", str(report), *flags], capture_output=True, text=True, cwd=REPO)
@@ -102,10 +107,8 @@ def test_a_generated_llama_optimizes_with_its_weights_outside_the_resident_set(t
     out = tmp_path / "out.onnx"
     report, rss = _optimize_in_child(model, out, "--places", "arm/fp16/nchw,arm/fp32/nchw", "--no-verify")
     assert os.path.getsize(out) >= weights
-    # Alone this peaks under a third of the weights; in the whole suite it has peaked at 456 MB of 879 (the
-    # cause is not found yet). Reading the payloads through the mapping puts all of them in the resident set
-    # on top of the interpreter's 200 MB, which this bound still catches.
-    assert rss < weights, f"peak RSS {rss / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights"
+    # Measured alone and after a parent that held 650 MB: 67 MB for 879 MB of weights.
+    assert rss < weights / 3, f"peak RSS {rss / 1e6:.0f} MB for {weights / 1e6:.0f} MB of weights"
 
 
 @pytest.mark.models
