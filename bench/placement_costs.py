@@ -6,14 +6,18 @@ Every corpus model and onnx light model runs through the default pipeline (level
 places (default ``arm/fp16/nhwc,arm/fp32/nchw``). static_kernel_pick plans both picks on the same options and
 costs, and the report keeps both: casts (count and bytes written) of the greedy pick and of the plan, the
 plan's cost, the greedy cost and the lower bound (every node on its cheapest kernel, no cast). The casts the
-cast passes inserted are counted in the output and must equal the plan's. Then the planning time (kernel pick
-with the cast costing) on the BERT-base graph of bench/bert_base_graph.py, best of --repeat.
+cast passes inserted are counted in the output and must equal the plan's. *before*: the casts in the output
+before issue 12 (bench/placement_before.py runs commit fbf9e4e's pipeline; --no-before skips it). *exact*: the
+minimum of the plan's objective over every choice of kernels, by pick_frontier's dynamic programming allowed
+EXACT_WORK transitions (where its bound of work is larger, the bound is shown). Then the planning time (kernel
+pick with the cast costing) on the BERT-base graph of bench/bert_base_graph.py, best of --repeat.
 ``--markdown FILE`` writes the tables as FILE's "Placement costs" section, keeping every other section.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import platform
 import subprocess
 import sys
@@ -33,12 +37,17 @@ from worker.engine.errors import VerificationError  # noqa: E402
 from worker.engine.limits import Limits  # noqa: E402
 from worker.engine.options import OptimizeOptions  # noqa: E402
 from worker.engine.passes import PassManager  # noqa: E402
+from worker.engine.passes.place import static_kernel_pick as pick_pass  # noqa: E402
+from worker.engine.passes.support import pick_frontier  # noqa: E402
 from worker.engine.places import parse_places  # noqa: E402
 
 SECTION = "## Placement costs"
 DEFAULT_PLACES = "arm/fp16/nhwc,arm/fp32/nchw"
-HEADER = ("| model | nodes | casts greedy | casts plan | change (count / bytes) | cost greedy | cost plan | "
-          "lower bound | method | inserted = planned | verified |\n|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | nodes | casts before | casts greedy | casts plan | plan vs before (count / bytes) | "
+          "cost greedy | cost plan | exact minimum | lower bound | method | inserted = planned | verified |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+#: Transitions the exact solver may make per model here (the pass itself allows pick_frontier.WORK).
+EXACT_WORK = 3_000_000
 
 
 def models() -> list[tuple[str, Path, dict]]:
@@ -46,19 +55,46 @@ def models() -> list[tuple[str, Path, dict]]:
     return found + [(name, LIGHT / f"{name}.onnx", {}) for name in LIGHT_MODELS]
 
 
+def exact_minimum(problems: list, plan: dict) -> str:
+    """The minimum over every choice of kernels of the plan's problem, or the solver's bound of work. Auto
+    mixed precision plans trial models too: the problem is the last one with the report's lower bound."""
+    problem = next((p for p in reversed(problems) if abs(p.lower_bound() - plan["lower_bound"]) < 0.5), None)
+    if problem is None:
+        return "no problem matches the report"
+    found = pick_frontier.solve_frontier(problem, EXACT_WORK)
+    if found is None:
+        return f"not solved (bound {pick_frontier.work_bound(problem, float('inf')):.1e})"
+    return f"{found[1]:,.0f}"
+
+
 def measure(path: Path, shapes: dict, places: str, scratch: Path) -> dict:
     options = OptimizeOptions(places=places, input_shapes=shapes,
                               limits=Limits().raised(["max_output_mb=1024"]))
+    problems, solve = [], pick_pass.search.solve
+
+    def kept(problem, greedy):  # the problem static_kernel_pick solves (the last run's is the output's)
+        problems.append(problem)
+        return solve(problem, greedy)
+    pick_pass.search.solve = kept
     try:
         report = optimize(path, scratch / f"{path.stem}.opt.onnx", options)
     except VerificationError:  # the light models overflow fp16 (activations past 1e10): figures unverified
         report = optimize(path, scratch / f"{path.stem}.opt.onnx", dataclasses.replace(options, verify=False))
         report["verification"] = {"passed": False}
+    finally:
+        pick_pass.search.solve = solve
     plan = report["placement"]
     inserted = report["kernels"]["counts"]
     inserted_count = sum(inserted.get(kind, 0) for kind in ("io_copy", "calib", "layout"))
     return {"nodes": report["model"]["output"]["nodes"], "plan": plan, "inserted": inserted_count,
-            "verified": (report.get("verification") or {}).get("passed")}
+            "verified": (report.get("verification") or {}).get("passed"), "exact": exact_minimum(problems, plan)}
+
+
+def before_casts(places: str) -> dict:
+    """Model name -> [count, bytes] of the casts before issue 12 (bench/placement_before.py)."""
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "placement_before.py"), "--places", places],
+                         capture_output=True, text=True, check=True)
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def _casts(figures: dict) -> str:
@@ -74,13 +110,15 @@ def _cost(value: float | None) -> str:
     return "not priced" if value is None else f"{value:,.0f}"
 
 
-def row(name: str, result: dict) -> str:
+def row(name: str, result: dict, before: list | None) -> str:
     plan = result["plan"]
     mine, greedy = plan["casts"], plan["greedy_casts"]
-    change = f"{_change(mine['count'], greedy['count'])} / {_change(mine['bytes'], greedy['bytes'])}"
+    change = "" if before is None else f"{_change(mine['count'], before[0])} / {_change(mine['bytes'], before[1])}"
+    earlier = "" if before is None else _casts({"count": before[0], "bytes": before[1]})
     method = "exact" if plan["method"].startswith("exact") else "local search"
-    return (f"| {name} | {result['nodes']} | {_casts(greedy)} | {_casts(mine)} | {change} | "
-            f"{_cost(plan['greedy_cost'])} | {_cost(plan['cost'])} | {_cost(plan['lower_bound'])} | {method} | "
+    return (f"| {name} | {result['nodes']} | {earlier} | {_casts(greedy)} | {_casts(mine)} | {change} | "
+            f"{_cost(plan['greedy_cost'])} | {_cost(plan['cost'])} | {result['exact']} | "
+            f"{_cost(plan['lower_bound'])} | {method} | "
             f"{'yes' if result['inserted'] == mine['count'] else 'no (' + str(result['inserted']) + ')'} | "
             f"{result['verified']} |")
 
@@ -108,14 +146,16 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", help="model name (repeatable)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--markdown", type=Path, help="write the tables as this file's placement section")
+    parser.add_argument("--no-before", action="store_true", help="skip the casts before issue 12")
     args = parser.parse_args(argv)
     lines, ok = [], True
+    before = {} if args.no_before else before_casts(args.places)
     with tempfile.TemporaryDirectory() as directory:
         for name, path, shapes in models():
             if args.only and name not in args.only:
                 continue
             result = measure(path, shapes, args.places, Path(directory))
-            lines.append(row(name, result))
+            lines.append(row(name, result, before.get(name)))
             plan = result["plan"]
             ok &= (plan["casts"]["count"] <= plan["greedy_casts"]["count"]
                    and plan["casts"]["bytes"] <= plan["greedy_casts"]["bytes"]
@@ -160,8 +200,12 @@ def write_section(path: Path, lines: list[str], timing: str, args) -> None:
         f"Default pipeline (level 2, verified) under `{args.places}`. Both picks are planned by static_kernel_pick "
         "on the same options and the cost model `worker/engine/kernels/data/costs.toml` (units of about a "
         "nanosecond): *greedy* is Paddle-Lite's per-node pick, *plan* the cost-optimal one the pipeline keeps. "
-        "Casts are count / bytes written; the lower bound is every node on its cheapest kernel with no cast. "
-        "*inserted = planned*: the cast passes inserted exactly the casts the plan counted.",
+        "Casts are count / bytes written; *before* is the same pipeline before issue 12 (commit fbf9e4e: "
+        "Paddle-Lite's greedy pick after placement-blind fusions, bench/placement_before.py). *exact minimum* is "
+        "the least cost over every choice of kernels (pick_frontier's dynamic programming, exhaustive; shown "
+        "with its bound of work where that exceeds 3,000,000 transitions); the lower bound is every node on its "
+        "cheapest kernel with no cast. *inserted = planned*: the cast passes inserted exactly the casts the "
+        "plan counted.",
         "", HEADER, *lines, "",
         *([f"*verified* False on {failed} row(s): the optimized model did not verify (the script exits 1).", ""]
           if (failed := sum(line.endswith("| False |") for line in lines)) else []),

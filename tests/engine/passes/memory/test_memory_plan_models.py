@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import all_models, corpus_models, model_id, shapes_for
+from tests.conftest import CORPUS, all_models, corpus_models, model_id, shapes_for
 from tests.engine.memory.plan_checker import check_memory_report
 from worker.engine.ir import load_model
 from worker.engine.options import OptimizeOptions
@@ -125,7 +125,7 @@ def test_the_inference_proto_written_once_per_sizing_gives_the_same_plan(monkeyp
     from worker.engine import inference
     from worker.engine.api import OptimizeOptions, optimize
 
-    model = Path(__file__).resolve().parents[4].parent / "shared" / "corpus" / "bert_small_dyn.onnx"
+    model = CORPUS / "bert_small_dyn.onnx"
     options = OptimizeOptions(verify=False)
     cached = optimize(model, tmp_path / "a.onnx", options)["memory"]
     monkeypatch.setattr(inference, "_inference_proto",

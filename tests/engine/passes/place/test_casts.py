@@ -170,3 +170,76 @@ def test_portable_output_has_standard_ops_only(tmp_path):
     kinds = {n.op_type: {p.key: p.value for p in n.metadata_props}.get("mirserve.cast")
              for n in stored.graph.node}
     assert kinds.get("Cast") == "calib"
+
+
+def fp16_sub_then_float():
+    """An fp16 model whose result leaves as float: x - c in fp16, Cast to float, MatMul (fuzz graph 2334)."""
+    nodes = [helper.make_node("Sub", ["x", "c"], ["s"], name="sub"),
+             helper.make_node("Cast", ["s"], ["f"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("MatMul", ["f", "w"], ["y"], name="matmul")]
+    return make_model(nodes, [vinfo("x", TensorProto.FLOAT16, [1, 1, 2])], [vinfo("y", shape=[1, 1, 3])],
+                      [tensor("c", np.array([[[-1.4482422]]], np.float16)), tensor("w", weights(2, 3) * 10)])
+
+
+def test_fp32_places_widen_an_fp16_model_and_verify_it_at_fp16_tolerances(tmp_path):
+    from worker.engine.api import optimize, tolerances
+    from worker.engine.options import OptimizeOptions
+    from worker.engine.passes.support.casts import widens_fp16
+    from worker.engine.places import parse_places
+
+    ctx = place_model(save_proto(fp16_sub_then_float(), tmp_path / "in.onnx"), "x86/fp32/nchw")
+    assert widens_fp16(ctx.graph) and ctx.graph.value("s").dtype == TensorProto.FLOAT  # the Sub runs in fp32
+    assert not widens_fp16(place_model(save_proto(two_convs(), tmp_path / "fp32.onnx"), "x86/fp32/nchw").graph)
+    options, places = OptimizeOptions(places="x86/fp32/nchw"), parse_places("x86/fp32/nchw")
+    # the outputs differ by fp16's rounding of the Sub (1e-3 relative), beyond fp32's tolerances
+    report = optimize(tmp_path / "in.onnx", tmp_path / "out.onnx", options)
+    assert report["verification"]["passed"] and report["verification"]["rtol"] == tolerances(options, places, True)[0]
+    assert tolerances(options, places, True) == tolerances(OptimizeOptions(places="arm/fp16/nchw"),
+                                                           parse_places("arm/fp16/nchw"))
+    assert tolerances(options, places, True) > tolerances(options, places)
+
+
+def fp16_chain_leaving_fp16():
+    """An fp16 model whose fp16 values leave their type: Cast to float, a comparison, a Shape."""
+    half = TensorProto.FLOAT16
+    nodes = [helper.make_node("Tanh", ["x"], ["t"], name="tanh"),
+             helper.make_node("Cast", ["t"], ["y"], to=TensorProto.FLOAT, name="widen"),
+             helper.make_node("Greater", ["t", "k"], ["above"], name="compare"),
+             helper.make_node("Shape", ["t"], ["dims"], name="shape")]
+    return make_model(nodes, [vinfo("x", half, [4, 64])],
+                      [vinfo("y", shape=[4, 64]), vinfo("above", TensorProto.BOOL, [4, 64]),
+                       vinfo("dims", TensorProto.INT64, [2])],
+                      [tensor("k", np.array(0.3, np.float16))])
+
+
+def test_an_fp16_value_computed_in_fp32_is_rounded_where_it_leaves_fp16(tmp_path):
+    # no fp16 place: Tanh computes in fp32, but the Cast and the comparison read what the model has, an fp16
+    # value (rounded by a calib, and back for an fp32 kernel); Shape reads no values and gets no calib
+    import onnxruntime as ort
+
+    source = save_proto(fp16_chain_leaving_fp16(), tmp_path / "in.onnx")
+    ctx = place_model(source, "x86/fp32/nchw")
+    check_annotations(ctx.graph)
+    graph = ctx.graph
+    assert graph.value("t").dtype == TensorProto.FLOAT      # widened: Tanh runs on an fp32 kernel
+
+    def read_by(name):
+        value = next(n for n in graph if n.name == name).input(0)
+        chain = []
+        while value.producer is not None and cast_kind(value.producer) == "calib":
+            chain.append(value.producer.attr("to"))
+            value = value.producer.input(0)
+        return value.name, chain[::-1]
+
+    for consumer in ("widen", "compare"):
+        source_name, chain = read_by(consumer)
+        assert source_name == "t" and chain[0] == TensorProto.FLOAT16, (consumer, chain)
+    assert read_by("shape") == ("t", [])
+    out = tmp_path / "out.onnx"
+    save_model(ctx.model, out)
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float16)
+    y, above = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(["y", "above"], {"x": x})
+    assert np.array_equal(y.astype(np.float16).astype(np.float32), y)  # the model's y holds fp16 values only
+    exact = np.tanh(x.astype(np.float64))
+    assert np.abs(y - exact).max() <= 2.0 ** -11                        # fp16's rounding of tanh, no more
+    assert np.array_equal(above, y > np.float16(0.3))                   # compared as the Cast sees it

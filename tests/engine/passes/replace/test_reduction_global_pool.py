@@ -1,4 +1,4 @@
-"""reduction_global_pool_replace: spatial ReduceMean/ReduceMax with keepdims -> global pooling."""
+"""reduction_global_pool_replace: spatial ReduceMean/ReduceMax -> global pooling (+ Flatten without keepdims)."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,9 +50,21 @@ def test_three_d_spatial(tmp_path):
     assert out.ops == ["GlobalAveragePool"]
 
 
-def test_keepdims_zero_and_partial_axes_are_refused(tmp_path):
-    out = optimize(tmp_path, model([("ReduceMean", [2, 3], 0)]), [PASS])
-    assert out.ops == ["ReduceMean"] and out.refused("keepdims=0")
+@pytest.mark.parametrize("opset", [11, 18])
+@pytest.mark.parametrize("x_shape", [(1, 3, 5, 4), (2, 3, 7)])
+def test_keepdims_zero_pools_then_flattens(tmp_path, opset, x_shape):
+    """ReduceMean(keepdims=0) over the spatial dims is global pooling whose 1x1 dims a Flatten drops (ncnn's
+    global pooling writes the flat [N, C] itself); the harness compares the outputs on random inputs."""
+    axes = list(range(2, len(x_shape)))
+    out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS])
+    assert out.ops == ["GlobalAveragePool", "Flatten"]
+    flatten = out.node("Flatten")
+    assert flatten.attr("axis") == 1 and flatten.output().shape == tuple(x_shape[:2])
+
+
+def test_keepdims_zero_between_two_reductions_and_partial_axes_are_refused(tmp_path):
+    out = optimize(tmp_path, model([("ReduceMean", [2], 1), ("ReduceMean", [2], 0)]), [PASS])
+    assert out.ops == ["ReduceMean", "ReduceMean"] and out.refused("(keepdims=0) between two reductions")
     out = optimize(tmp_path, model([("ReduceMean", [1, 2, 3], 1)]), [PASS])
     assert out.ops == ["ReduceMean"] and out.refused("average dims [1, 2, 3], not exactly the spatial dims")
 

@@ -9,9 +9,12 @@
     graph outputs       -> must leave as host / their dtype / nchw (the fetch contract, recorded here)
 
 A value of rank other than 4 has no layout of its own and is kept as nchw. Outputs a kernel declares with
-precision ``any`` keep the element type type inference gave them.
+precision ``any`` keep the element type type inference gave them. Values the model declares fp16 that an fp32
+kernel computes are recorded (``PassContext.widened``): type_precision_cast rounds them where their widening ends.
 """
 from __future__ import annotations
+
+from onnx import TensorProto
 
 from worker.engine.ir import Graph, Value
 from worker.engine.kernels.ops import NHWC_PREFIX
@@ -49,7 +52,10 @@ def variable_place_inference(ctx: PassContext) -> PassResult:
     placed = 0
     for node in graph:
         if node.pick is not None:
+            declared = [v.dtype for v in node.outputs]
             place_outputs(node, node.pick)
+            ctx.widened.update(v.name for v, was in zip(node.outputs, declared)
+                               if was == TensorProto.FLOAT16 and v.dtype == TensorProto.FLOAT)
             placed += len(node.outputs)
     for value in list(graph.initializers.values()):
         if value.uses:

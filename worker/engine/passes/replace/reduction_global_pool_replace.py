@@ -1,24 +1,38 @@
-"""reduction_global_pool_replace: a mean (or max) over all spatial dims with keepdims becomes global pooling
-(ncnn's replace_reduction_with_global_pooling).
+"""reduction_global_pool_replace: a mean (or max) over all spatial dims becomes global pooling (ncnn's
+replace_reduction_with_global_pooling).
 
     ReduceMean(x, axes=[2, 3], keepdims=1)                          ->  GlobalAveragePool(x)
+    ReduceMean(x, axes=[2, 3], keepdims=0)                          ->  Flatten(GlobalAveragePool(x), axis=1)
     ReduceMean(ReduceMean(x, axes=[2], keepdims=1), axes=[3], ...)  ->  GlobalAveragePool(x)   (H then W, or W then H)
     ReduceMax likewise                                               ->  GlobalMaxPool(x)
 
 Any rank >= 3 works (the spatial dims are 2..rank-1); axes come from the attribute or, from opset 18 (13 for
-ReduceSum, not used here), from the constant input. keepdims=0 is refused: global pooling keeps the dims. An input with a zero dim is refused: onnxruntime's
-global pooling fails on it, where the reduction runs.
+ReduceSum, not used here), from the constant input. keepdims=0 drops the pooled 1x1 dims with a Flatten (ncnn's
+global pooling writes a flat blob, the same [N, C]); a view, so only the pooling's place is checked. It matters
+on places whose tables give pooling an NHWC or fp16 kernel and the reduction none (ARM: ReduceMean fp32 NCHW
+only): the layout cast then converts the pooled [N, C, 1, 1] instead of the whole feature map. keepdims=0 is
+refused in the two-reduction form (the second's axes would be shifted). An input with a zero dim is refused:
+onnxruntime's global pooling fails on it, where the reduction runs.
 """
 from __future__ import annotations
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.operands import axes_of
-from worker.engine.passes.support.placement import placement_refusal, planned_facts
+from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
 GLOBAL = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}
+
+
+def drops_dims(node: Node) -> bool:
+    return not node.attr("keepdims", 1)
+
+
+def pooled_shape(x) -> tuple | None:
+    """Global pooling's output: [N, C, 1, ...]."""
+    return None if x.shape is None else tuple(x.shape[:2]) + (1,) * (len(x.shape) - 2)
 
 
 def reduced_axes(node, opset: int, rank: int) -> set[int] | None:
@@ -44,8 +58,8 @@ class _ReduceRule(Rule):
                    f"tensors where the reduction gives an empty or NaN result"
         covered: list[int] = []
         for node in self.reductions(match):
-            if not node.attr("keepdims", 1):
-                return f"{describe(node)} drops the reduced dims (keepdims=0), and global pooling keeps them"
+            if not node.attr("keepdims", 1) and len(match.nodes) > 1:
+                return f"{describe(node)} drops the reduced dims (keepdims=0) between two reductions"
             axes = reduced_axes(node, ctx.opset(), rank)
             if axes is None:
                 given = node.input(1) is not None or node.has_attr("axes")
@@ -54,14 +68,19 @@ class _ReduceRule(Rule):
             covered += sorted(axes)
         if sorted(covered) != list(range(2, rank)):
             return f"the reductions at {describe(first)} average dims {sorted(covered)}, not exactly the spatial dims"
-        facts = planned_facts(GLOBAL[self.op], "", ctx.opset(""), [match.value("x")], [match.value("out")], {},
-                              first.name)
+        x = match.value("x")
+        pooled = constant_facts(x.dtype, pooled_shape(x), constant=False) if drops_dims(first) else match.value("out")
+        facts = planned_facts(GLOBAL[self.op], "", ctx.opset(""), [x], [pooled], {}, first.name)
         return placement_refusal(ctx, facts, match.nodes) or True
 
-    def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
-        last = self.reductions(match)[-1]
-        return match.graph.add_node(GLOBAL[self.op], [match.value("x")], outputs=[match.value("out")],
-                                    name=last.name, before=last)
+    def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node | list[Node]:
+        last, x, out, graph = self.reductions(match)[-1], match.value("x"), match.value("out"), match.graph
+        if not drops_dims(last):
+            return graph.add_node(GLOBAL[self.op], [x], outputs=[out], name=last.name, before=last)
+        pooled = graph.make_value(f"{out.name}_pooled", x.dtype, pooled_shape(x))
+        pool = graph.add_node(GLOBAL[self.op], [x], outputs=[pooled], name=last.name, before=last)
+        return [pool, graph.add_node("Flatten", [pooled], outputs=[out], name=f"{last.name}_flatten",
+                                     attributes={"axis": 1}, before=last)]
 
 
 class OneReduction(_ReduceRule):
@@ -91,8 +110,8 @@ class TwoReductions(_ReduceRule):
 
 
 @register_pass(name="reduction_global_pool_replace", peer="ncnn", kind=PassKind.PROGRAM, level=2,
-               description="replace ReduceMean/ReduceMax over all spatial dims (at once or H then W) with "
-                           "keepdims by global pooling")
+               description="replace ReduceMean/ReduceMax over all spatial dims (at once or H then W) by "
+                           "global pooling (and a Flatten where the reduction drops the dims)")
 def reduction_global_pool_replace(ctx: PassContext) -> PassResult:
     rules = [TwoReductions(op) for op in GLOBAL] + [OneReduction(op) for op in GLOBAL]
     return apply_rules(ctx, rules)

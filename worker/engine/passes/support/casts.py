@@ -15,7 +15,7 @@ the value it converts gets a fresh one.
 from __future__ import annotations
 
 import numpy as np
-from onnx import NodeProto, helper
+from onnx import NodeProto, TensorProto, helper
 
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.kernels import Kernel, KernelTable
@@ -39,6 +39,13 @@ def cast_kind(node: Node) -> str | None:
     if node.domain == domain.DOMAIN and node.op_type in CAST_OPS:
         return node.op_type
     return node.metadata.get("mirserve.cast") if node.domain == "" else None
+
+
+def widens_fp16(graph: Graph) -> bool:
+    """The main graph converts run-time fp16 values to fp32 (a calib to fp32): fp32 kernels compute values
+    the input model computed in fp16, which then differ from it by fp16's rounding."""
+    return any(cast_kind(node) == "calib" and node.attr("to") == TensorProto.FLOAT
+               and node.input(0) is not None and node.input(0).dtype == TensorProto.FLOAT16 for node in graph)
 
 
 def cast_kernel(table: KernelTable, kind: str, target: str, variant: str) -> Kernel:

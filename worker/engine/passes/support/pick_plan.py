@@ -38,6 +38,9 @@ _ITEMSIZE = {Precision.FP32: 4, Precision.FP16: 2, Precision.INT8: 1, Precision.
 #: Ties: a place further down the user's list costs TIE units more per position, a worse-scored kernel of
 #: the same place ORDER units more per position; both far below any real cost difference.
 TIE, ORDER = 1e-3, 1e-6
+#: The state of a port an int8 kernel absorbs (type_precision_cast replaces DQ -> Conv -> Q by QLinearConv):
+#: the float value behind it is never read there (an input) or never made (the output), so it costs no cast.
+ABSORBED: State = ("absorbed", Precision.ANY, Layout.ANY)
 
 
 @dataclass
@@ -119,6 +122,9 @@ def same_memory(a: str, b: str) -> bool:
 def casts_of(flow: Flow, source: State, demands: Sequence[State]) -> list[tuple[str, int, str]] | None:
     """The casts (kind, bytes written, target whose kernel runs it) the cast passes insert for ``flow`` made in ``source`` and read as
     ``demands`` say ((target, precision, layout) per consumer's port, and its fetch place, for a graph output); None when no cast could convert it."""
+    if source == ABSORBED:  # its producer's int8 kernel writes the QuantizeLinear's output instead
+        return []
+    demands = [port for port in demands if port != ABSORBED]
     value = flow.value
     target, precision, layout = source
     count = numel(value)
@@ -378,10 +384,11 @@ def build_options(node: Node, variants: Sequence[Sequence[Any]], places: ValidPl
                 continue
             seen.add(key)
             place = (resolved.kernel.target, resolved.precision, resolved.layout)
-            compute = node_compute(model, node, place, tuple((p.target, p.precision, p.layout)
-                                                             for p in resolved.inputs), outputs, macs)
-            tie = TIE * place_rank(places, place, has_layout) + ORDER * order
             inputs = tuple((port.target, port.precision, port.layout) for port in resolved.inputs)
+            compute = node_compute(model, node, place, inputs, outputs, macs)
+            tie = TIE * place_rank(places, place, has_layout) + ORDER * order
+            if quantized:  # its ports are the QLinear op's, which reads and writes none of the node's values
+                inputs, outputs = (ABSORBED,) * len(node.inputs), (ABSORBED,) * len(node.outputs)
             options.append(Option(candidate, compute + tie, compute, place, inputs, outputs))
     return options
 

@@ -1,7 +1,8 @@
 """Solving the placement plan (worker.engine.passes.support.pick_plan): the cheapest choice of options.
 
 A graph whose nodes feed at most one other node each (chains, in-trees) is solved exactly by dynamic
-programming. Any other graph starts from Paddle-Lite's greedy pick and improves it by moves that each lower
+programming; so is any graph whose open values stay few enough (pick_frontier: CNNs with residual and
+squeeze-excite branches, within a bound of work known before solving). Any other graph starts from Paddle-Lite's greedy pick and improves it by moves that each lower
 the exact cost: expansion moves (every node may switch to its cheapest option in one place; which ones do is
 a minimum cut over the pairwise cast costs, checked against the exact cost) and single-node moves, for a
 bounded number of rounds. No move may raise the casts (count or bytes) above the greedy pick's, and the plan
@@ -13,6 +14,7 @@ import time
 from collections import deque
 from typing import Callable
 
+from worker.engine.passes.support.pick_frontier import solve_frontier
 from worker.engine.passes.support.pick_plan import Figures, Problem, State
 
 #: Rounds of expansion moves, sweeps of single-node moves per round.
@@ -318,6 +320,10 @@ def solve(problem: Problem, greedy: list[int]) -> tuple[list[int], Figures]:
         exact = solve_forest(problem)
         if _within(problem.cast_load(exact), budget):
             choice, method = exact, "exact (dynamic programming over chains and trees)"
+    else:
+        found = solve_frontier(problem)
+        if found is not None and _within(problem.cast_load(found[0]), budget):
+            choice, method = found[0], "exact (dynamic programming over the open values)"
     if choice is None:
         choice = improve(problem, list(greedy), budget)
         method = "local search from the greedy pick (expansion and single-node moves)"
