@@ -3,8 +3,6 @@ and must compute what one onnxruntime session computes; ``optimize`` switches to
 quarter of verification's memory budget."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +10,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tests.conftest import CORPUS
 from worker.engine import api
 from worker.engine.api import OptimizeOptions, optimize
 from worker.engine.chunked import ChunkedSession, NotChunkable
 from worker.engine.limits import Limits
 
-REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus"
+
 pytestmark = pytest.mark.models
 
 
@@ -26,15 +24,6 @@ def _whole(path: Path, feeds: dict) -> list:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("llama") / "llama.onnx"
-    subprocess.run([sys.executable, str(REPO / "bench" / "make_llama.py"), str(path), "--layers", "2", "--hidden",
-                    "256", "--heads", "8", "--kv-heads", "2", "--intermediate", "688", "--vocab", "1000"],
-                   check=True, capture_output=True)
-    return path
 
 
 def test_a_bert_in_pieces_computes_what_one_session_computes():

@@ -44,6 +44,24 @@ def _type_text(dtype: int) -> str:
     return "tensor(float)" if name == "float32" else "tensor(double)" if name == "float64" else f"tensor({name})"
 
 
+def _reads(nodes: Sequence) -> tuple[list[str], list]:
+    """What a run of ``nodes`` (in topological order) reads from outside: the values none of them computes, in
+    order of first use, and the weights (by name, each once)."""
+    produced: set[str] = set()
+    inputs: list[str] = []
+    constants: dict[str, Any] = {}
+    for node in nodes:
+        for v in node.inputs:
+            if v is None:
+                continue
+            if v.is_constant:
+                constants[v.name] = v
+            elif v.name not in produced and v.name not in inputs:
+                inputs.append(v.name)
+        produced.update(v.name for v in node.outputs)
+    return inputs, list(constants.values())
+
+
 class ChunkedSession:
     def __init__(self, path: str | os.PathLike, budget: int = DEFAULT_BUDGET):
         from worker.engine.ir import load_model
@@ -56,6 +74,8 @@ class ChunkedSession:
         for node in self.graph:
             if any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attributes.values()):
                 raise NotChunkable(f"node {node.name!r} ({node.op_type}) has a subgraph")
+        self.nodes, self.node_protos, self.template = self._protos()
+        self._kept: dict[tuple, Any] = {}  # sessions run_nodes keeps, by nodes and outputs
         self.pieces = self._cut()
 
     # --- the InferenceSession interface ------------------------------------------------------------------
@@ -68,31 +88,13 @@ class ChunkedSession:
                 for v in self.graph.outputs]
 
     def run(self, names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list:
-        import onnxruntime as ort
-
         wanted = list(names) if names is not None else [o.name for o in self.get_outputs()]
         env: dict[str, Any] = dict(feeds)
         for value in self.graph.inputs:  # an initializer that is also an input, and was not fed: its default
             if value.is_initializer and value.name not in env:
                 env[value.name] = np.array(value.const)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False  # an arena would keep each piece's buffers after it is dropped
         for piece in self.pieces:
-            proto = self._piece_model(piece, env)
-            data = proto.SerializeToString()
-            del proto
-            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-            del data
-            feeds_in = {name: env[name] for name in piece.inputs}
-            for value in piece.constants:  # views of the mapped files: onnxruntime reads them in place
-                feeds_in[value.name] = value.const
-            outputs = session.run(piece.outputs, feeds_in)
-            del session, feeds_in
-            for value in piece.constants:
-                value.release_pages()
-            _trim()
+            outputs = self._run_piece(piece, env)
             env.update(zip(piece.outputs, outputs))
             for name in piece.dead:
                 env.pop(name, None)
@@ -104,18 +106,64 @@ class ChunkedSession:
             raise NotChunkable(f"output {missing[0]!r} was not computed")
         return [env[n] for n in wanted]
 
+    def run_nodes(self, indices: Sequence[int], outputs: Sequence[str], feeds: Mapping[str, Any], *,
+                  keep: bool = False) -> list:
+        """Run the nodes at these positions (of ``self.nodes``, in topological order) as one small session
+        on ``feeds`` (every value they read that none of them computes, except weights) and return
+        ``outputs``; their weights are fed from the mapped files and dropped afterwards. With ``keep``, the
+        session is kept for the next run of the same nodes and outputs (it holds no weights)."""
+        inputs, constants = _reads([self.nodes[i] for i in indices])
+        dtypes = {v.name: v.dtype for i in indices for v in self.nodes[i].outputs}
+        piece = _Piece([self.node_protos[i] for i in indices], inputs, list(outputs), constants,
+                       {n: dtypes.get(n, 0) for n in outputs}, [])
+        return self._run_piece(piece, feeds, (tuple(indices), tuple(outputs)) if keep else None)
+
+    def _run_piece(self, piece: "_Piece", env: Mapping[str, Any], key: tuple | None = None) -> list:
+        session = self._kept.get(key) if key is not None else None
+        if session is None:
+            session = self._session(piece, env)
+            if key is not None:
+                self._kept[key] = session
+        feeds_in = {name: env[name] for name in piece.inputs}
+        for value in piece.constants:  # views of the mapped files: onnxruntime reads them in place
+            feeds_in[value.name] = value.const
+        outputs = session.run(piece.outputs, feeds_in)
+        del session, feeds_in
+        for value in piece.constants:
+            value.release_pages()
+        _trim()
+        return outputs
+
+    def _session(self, piece: "_Piece", env: Mapping[str, Any]):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        options.enable_cpu_mem_arena = False  # an arena would keep each piece's buffers after it is dropped
+        proto = self._piece_model(piece, env)
+        data = proto.SerializeToString()
+        del proto
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
     # --- cutting -------------------------------------------------------------------------------------
-    def _cut(self) -> list["_Piece"]:
+    def _protos(self) -> tuple[list, list, Any]:
+        """The nodes in order, their NodeProtos, and the model without nodes, inputs or outputs to build
+        pieces in."""
         from worker.engine.ir.serde import _Writer
 
         nodes = list(self.graph)
-        self.template = _Writer(self.model, value_info=False).model_proto()
-        node_protos = list(self.template.graph.node)
+        template = _Writer(self.model, value_info=False).model_proto()
+        node_protos = list(template.graph.node)
         if len(node_protos) != len(nodes):
             raise NotChunkable("the writer and the graph disagree on the nodes")
-        del self.template.graph.node[:]
-        del self.template.graph.input[:]
-        del self.template.graph.output[:]
+        del template.graph.node[:]
+        del template.graph.input[:]
+        del template.graph.output[:]
+        return nodes, node_protos, template
+
+    def _cut(self) -> list["_Piece"]:
+        nodes, node_protos = self.nodes, self.node_protos
         groups: list[list[int]] = []
         weights: set[str] = set()
         held = 0
@@ -140,18 +188,7 @@ class ChunkedSession:
         outputs = {v.name for v in self.graph.outputs}
         pieces = []
         for g, group in enumerate(groups):
-            produced: set[str] = set()
-            inputs: list[str] = []
-            constants: dict[str, Any] = {}
-            for i in group:
-                for v in nodes[i].inputs:
-                    if v is None:
-                        continue
-                    if v.is_constant:
-                        constants[v.name] = v
-                    elif v.name not in produced and v.name not in inputs:
-                        inputs.append(v.name)
-                produced.update(v.name for v in nodes[i].outputs)
+            inputs, constants = _reads([nodes[i] for i in group])
             outs = [n for i in group for v in nodes[i].outputs for n in [v.name]
                     if n in outputs or last_reader.get(n, -1) > g]
             dead = [n for n in inputs if last_reader.get(n, -1) <= g and n not in outputs]
@@ -160,7 +197,7 @@ class ChunkedSession:
                 value = types[name]
                 if value.type_proto is not None:
                     raise NotChunkable(f"value {name!r} is not a tensor")
-            pieces.append(_Piece([node_protos[i] for i in group], inputs, outs, list(constants.values()),
+            pieces.append(_Piece([node_protos[i] for i in group], inputs, outs, constants,
                                  {n: types[n].dtype for n in outs}, dead))
         return pieces
 

@@ -141,12 +141,18 @@ def shapes(specs: Sequence[InputSpec], given: Mapping[str, Sequence[int]], value
     return found
 
 
-def first_choice(specs: Sequence[InputSpec], given: Mapping[str, Sequence[int]]) -> dict:
-    """The first level's shapes, untried (no runtime at hand, or verification is off)."""
+def first_choice(specs: Sequence[InputSpec], given: Mapping[str, Sequence[int]], *,
+                 second_batch: bool = False) -> dict:
+    """The first level's shapes, untried (no runtime at hand, or verification is off); with ``second_batch``,
+    and the same at batch 2 when a dim is a batch, as ``numeric.choose_shapes`` would try them."""
     dims = open_dims(specs, given)
     values = assignment(dims, 0)
     first = {name: list(dims) for name, dims in shapes(specs, given, values).items()}
-    return {"shapes": [first], "dims": values, "roles": {d.key: d.role for d in dims}, "tried": [],
+    found = [first]
+    if second_batch and any(d.role == "batch" for d in dims):
+        more = assignment(dims, 0, batch=SECOND_BATCH)
+        found.append({name: list(dims) for name, dims in shapes(specs, given, more).items()})
+    return {"shapes": found, "dims": values, "roles": {d.key: d.role for d in dims}, "tried": [],
             "checked": False}
 
 

@@ -226,7 +226,9 @@ def _verification(verification: Mapping[str, Any] | None) -> dict[str, Any]:
             "max_abs_diff": max(abs_diffs) if abs_diffs else None,
             "max_rel_diff": max(rel_diffs) if rel_diffs else None,
             "rtol": verification.get("rtol"), "atol": verification.get("atol"),
-            "shapes": verification.get("shapes") if verification.get("dims") else None}
+            "shapes": verification.get("shapes") if verification.get("dims") else None,
+            "method": verification.get("method"), "method_summary": verification.get("summary"),
+            "regions_refused": verification.get("regions_refused")}
 
 
 def _warnings(report: Mapping[str, Any], fallbacks: Iterable[Mapping[str, Any]] = ()) -> list[str]:
@@ -419,8 +421,13 @@ def _verification_text(verification: Mapping[str, Any]) -> str:
     shapes = verification.get("shapes")
     where = (" at " + " and ".join(", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in s.items())
                                    for s in shapes)) if shapes else ""
+    if verification.get("method") == "regions":  # the values compared are the regions' (method_summary)
+        return (f"{verdict}, {verification.get('method_summary')}, on {verification.get('runs')} run(s){where} "
+                f"(rtol {verification.get('rtol')}, atol {verification.get('atol')})")
+    refused = (f"; not by regions: {verification['regions_refused']}" if verification.get("regions_refused")
+               else "")
     return (f"{verdict} on {verification.get('runs')} run(s) of {verification.get('outputs')} output(s){where}, "
-            f"{figures} (rtol {verification.get('rtol')}, atol {verification.get('atol')})")
+            f"{figures} (rtol {verification.get('rtol')}, atol {verification.get('atol')}){refused}")
 
 
 def _count(value: Any) -> str:
