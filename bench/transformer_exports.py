@@ -11,7 +11,12 @@ with its mask arithmetic) at a size that exports in seconds. Both exporters:
 - ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``.
 
 Inputs are static (batch 1, sequence 16; images 1x3x32x32; audio 1x80x32 mel frames), no KV cache
-(``use_cache=False``). Files are named ``<model>.<exporter>.onnx`` in ``--out`` (default
+(``use_cache=False``), eager attention; except the ``_past`` decoders, which take a cache of 8 positions per layer
+as inputs (``past_key_<i>``, ``past_value_<i>``, the attention mask covering 24 positions) and return the
+present cache (``present_key_<i>``, ``present_value_<i>``), and the ``_sdpa`` ones, whose attention is the
+library's ``sdpa`` implementation (torch's scaled_dot_product_attention with a boolean mask, decomposed by the
+exporters). The ``_dynamic`` decoders have a dynamic batch and sequence (traced at batch 2), so their rotary
+cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`` in ``--out`` (default
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
@@ -34,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "transformers"
 EXPORTERS = ("dynamo", "torchscript")
 SEQUENCE = 16
+PAST = 8
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,16 @@ class Export:
     model: str
     #: Config keyword arguments.
     settings: dict
-    #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "image"
+    #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "causal" (input_ids
+    #: alone: no padding, so sdpa attention asks torch for is_causal), "image"
     #: (pixel_values), "audio" (input_features) or "encoder" (an encoder-decoder model's encoder alone).
     inputs: str = "text"
+    #: The transformers attention implementation: "eager" (the arithmetic written out) or "sdpa".
+    attention: str = "eager"
+    #: Cached positions per layer given as inputs (a decoder's KV cache), 0 for none.
+    past: int = 0
+    #: Exported with a dynamic batch and sequence (see ``dynamic_models``).
+    dynamic: bool = False
 
 
 def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
@@ -94,6 +107,18 @@ def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
         "mistral": Export("MistralConfig", "MistralModel", {**llama_like, "sliding_window": None},
                           inputs="decoder"),
         "qwen2": Export("Qwen2Config", "Qwen2Model", llama_like, inputs="decoder"),
+        "gpt2_past": Export("GPT2Config", "GPT2Model",
+                            {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                             "n_positions": 64, "use_cache": True, "bos_token_id": 0, "eos_token_id": 0},
+                            inputs="decoder", past=PAST),
+        "llama_past": Export("LlamaConfig", "LlamaModel", {**llama_like, "use_cache": True}, inputs="decoder",
+                             past=PAST),
+        "qwen2_past": Export("Qwen2Config", "Qwen2Model", {**llama_like, "use_cache": True}, inputs="decoder",
+                             past=PAST),
+        "llama_sdpa": Export("LlamaConfig", "LlamaModel", llama_like, inputs="decoder", attention="sdpa"),
+        "llama_sdpa_causal": Export("LlamaConfig", "LlamaModel", llama_like, inputs="causal", attention="sdpa"),
+        "qwen2_sdpa_past": Export("Qwen2Config", "Qwen2Model", {**llama_like, "use_cache": True},
+                                  inputs="decoder", attention="sdpa", past=PAST),
         "phi": Export("PhiConfig", "PhiModel", llama_like, inputs="decoder"),
         "t5_encoder": Export("T5Config", "T5EncoderModel",
                              {"vocab_size": vocab, "d_model": hidden, "d_kv": hidden // heads, "d_ff": inter,
@@ -107,17 +132,39 @@ def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     }
 
 
-MODELS = models()
+def dynamic_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """Decoders exported with a dynamic batch and sequence, as real LLM exports are: their rotary cos and sin
+    are computed at run time from the positions (freqs = inv_freq @ positions, cos(cat(freqs, freqs))) instead
+    of folded to constants. Llama and Qwen2 rotate half the head, Phi and GPT-NeoX part of it, GPT-J the
+    interleaved pairs (rotate_every_two). Traced at batch 2 (torch.export specializes a dim of 1)."""
+    static = models(size)
+    dynamic = {f"{name}_dynamic": Export(static[name].config, static[name].model, static[name].settings,
+                                         inputs="decoder", dynamic=True)
+               for name in ("llama", "qwen2", "phi", "gpt_neox")}
+    dynamic["gptj_dynamic"] = Export(
+        "GPTJConfig", "GPTJModel",
+        {"vocab_size": size.vocab, "n_embd": size.hidden, "n_layer": size.layers, "n_head": size.heads,
+         "n_inner": size.intermediate, "rotary_dim": size.hidden // size.heads // 2, "n_positions": 64,
+         "use_cache": False, "bos_token_id": 0, "eos_token_id": 0}, inputs="decoder", dynamic=True)
+    return dynamic
+
+
+def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    return {**models(size), **dynamic_models(size)}
+
+
+MODELS = every_model()
+DYNAMIC_BATCH = 2
 
 
 def build(name: str, size: Size = SIZES["bench"]):
-    """The model (eval mode, eager attention so the export holds the attention arithmetic) and its inputs."""
+    """The model (eval mode, the export's attention implementation) and its inputs."""
     import torch
     import transformers
 
-    spec = models(size)[name]
+    spec = every_model(size)[name]
     config = getattr(transformers, spec.config)(**spec.settings)
-    config._attn_implementation = "eager"
+    config._attn_implementation = spec.attention
     torch.manual_seed(0)
     model = getattr(transformers, spec.model)(config).eval()
     if spec.inputs == "encoder" or spec.inputs == "audio":
@@ -128,14 +175,23 @@ def build(name: str, size: Size = SIZES["bench"]):
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
         return model, {"input_features": torch.rand(1, config.num_mel_bins, frames, generator=generator)}
-    ids = torch.randint(3, size.vocab, (1, SEQUENCE), generator=generator)
-    mask = torch.ones(1, SEQUENCE, dtype=torch.int64)
-    return model, {"input_ids": ids, "attention_mask": mask}
+    batch = DYNAMIC_BATCH if spec.dynamic else 1
+    ids = torch.randint(3, size.vocab, (batch, SEQUENCE), generator=generator)
+    mask = torch.ones(batch, SEQUENCE + spec.past, dtype=torch.int64)
+    inputs = {"input_ids": ids} if spec.inputs == "causal" else {"input_ids": ids, "attention_mask": mask}
+    kv_heads = getattr(config, "num_key_value_heads", None) or size.heads
+    for layer in range(size.layers if spec.past else 0):
+        for which in ("key", "value"):
+            inputs[f"past_{which}_{layer}"] = torch.randn(1, kv_heads, spec.past, size.hidden // size.heads,
+                                                          generator=generator)
+    return model, inputs
 
 
 def _wrapped(model, names: list[str]):
-    """The model taking its inputs by position and returning its last hidden state (one plain output)."""
+    """The model taking its inputs by position and returning its last hidden state (one plain output), then
+    the present cache when it is given a past one (inputs past_key_<i>, past_value_<i>, in layer order)."""
     import torch
+    import transformers
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -143,9 +199,21 @@ def _wrapped(model, names: list[str]):
             self.model = model
 
         def forward(self, *args):
-            return self.model(**dict(zip(names, args)), return_dict=True).last_hidden_state
+            named = dict(zip(names, args))
+            past = [named.pop(n) for n in names if n.startswith("past_")]
+            if not past:
+                return self.model(**named, return_dict=True).last_hidden_state
+            cache = transformers.DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])),
+                                              config=self.model.config)
+            out = self.model(**named, past_key_values=cache, use_cache=True, return_dict=True)
+            present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+            return (out.last_hidden_state, *present)
 
     return Wrapped()
+
+
+def output_names(names: list[str]) -> list[str]:
+    return ["last_hidden_state", *(n.replace("past_", "present_") for n in names if n.startswith("past_"))]
 
 
 def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) -> None:
@@ -155,15 +223,23 @@ def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) ->
     wrapped = _wrapped(model, list(inputs))
     args = tuple(inputs.values())
     path.parent.mkdir(parents=True, exist_ok=True)
+    axes = {key: {0: "batch", 1: "sequence"} for key in inputs} if every_model(size)[name].dynamic else None
+    if axes:
+        axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
+            # torch.export wants dims, given per argument (the wrapper's one *args parameter).
+            dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=64)}
+            shapes = (tuple(dims for _ in inputs),) if axes else None
             program = torch.onnx.export(wrapped, args, dynamo=True, input_names=list(inputs),
-                                        output_names=["last_hidden_state"], external_data=False)
+                                        output_names=output_names(list(inputs)), external_data=False,
+                                        dynamic_shapes=shapes)
             program.save(str(path))
         else:
             torch.onnx.export(wrapped, args, str(path), dynamo=False, opset_version=17, input_names=list(inputs),
-                              output_names=["last_hidden_state"], do_constant_folding=True)
+                              output_names=output_names(list(inputs)), do_constant_folding=True,
+                              dynamic_axes=axes)
 
 
 def exported(names=None, exporters=EXPORTERS, out: Path = OUT) -> list[Path]:

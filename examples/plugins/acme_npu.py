@@ -1,24 +1,26 @@
-"""Example mirserve plugin: a made-up ACME edge NPU, a residual-norm fusion, and a lean pipeline.
+"""Example mirserve plugin: a made-up ACME edge NPU, an attention-head fusion, and a lean pipeline.
 
 Load it with ``MIRSERVE_PLUGIN_PATH=examples/plugins`` (or ``--plugin examples/plugins/acme_npu.py``). It adds:
 
-- the op ``mirserve.SkipLayerNormalization(input, skip, scale, bias)``: ``input + skip`` normalized by
-  LayerNormalization, the residual connection of every transformer block in one kernel (onnxruntime has it as
-  a contrib op that only onnxruntime runs; here its body is the two standard ops, so any runtime runs it);
-- the filter ``skip_layer_norm_fuse``, bound to LayerNormalization in the DOMAIN band (after the built-in
-  fusions, before kernel pick): ``LayerNormalization(Add(a, b))`` becomes that op when only the norm reads
-  the sum and the norm's Mean / InvStdDev outputs are unused. Opt level 2 and not portable, like the
+- the op ``mirserve.SplitHeads(X)``: X reshaped to four axes (attribute ``shape``: batch, sequence, heads,
+  head size, as Reshape reads it) with the sequence and head axes swapped, the per-head layout attention reads
+  its queries and values in; the NPU's DMA engine does the reorder while it copies, so one kernel does both
+  (its body is the Reshape and the Transpose, so any runtime runs it);
+- the filter ``split_heads_fuse``, bound to Transpose in the DOMAIN band (after the built-in fusions, before
+  kernel pick): ``Transpose(Reshape(x, shape), perm=[0, 2, 1, 3])`` becomes that op when only the Transpose
+  reads the Reshape and the shape is a constant of four entries. Opt level 2 and not portable, like the
   built-in fusions into mirserve ops, and bound to the op's kernel: skipped when no valid place has one;
 - the target ``acme`` (places ``acme/fp16/nchw`` ...), which has its own memory and its own cost figures for
-  kernel pick (``ACME_COST``), and kernel table entries for
-  the op: on acme (fp16 and fp32, made up), on x86 (onnxruntime's CPU kernel of its contrib op of the same
-  meaning, last axis only) and on host (the reference fallback, which runs the function body);
+  kernel pick (``ACME_COST``), and kernel table entries: for its own op on acme (fp16 and fp32, made up), on
+  x86 (onnxruntime runs the body) and on host (the reference fallback, which runs the body); and on acme for
+  the built-in ``mirserve.AddLayerNormalization`` and ``AddLayerNormalizationWithSum`` (a transformer block's
+  residual Add and LayerNormalization, which the built-in ``add_layer_norm_fuse`` makes): a plugin gives a
+  built-in op kernels on its own target, and the built-in fusion then fuses for that target too;
 - the pipeline ``acme_lean``: the plugin's filters, kernel pick, casts and the memory plan, without the
   built-in graph rewrites; at ``--opt-level 0`` type inference only. Chosen per run with ``--pipeline``.
 """
 from __future__ import annotations
 
-import numpy as np
 from onnx import AttributeProto, TensorProto, helper
 
 from worker.engine.mirserve_domain.ops import DOMAIN, ref
@@ -27,7 +29,9 @@ from worker.engine.plugins import (PRIORITY_DOMAIN, DomainOp, pipeline_builder, 
                             register_op, register_target)
 
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
-SKIP_LAYER_NORMALIZATION = "SkipLayerNormalization"
+SPLIT_HEADS = "SplitHeads"
+#: The built-in residual-norm ops the NPU runs too: name -> outputs.
+ADD_NORMS = {"AddLayerNormalization": ("Y",), "AddLayerNormalizationWithSum": ("Y", "S")}
 
 #: What kernel pick weighs on it (made up, in the units of worker/engine/kernels/data/costs.toml): fp16 fifty
 #: times an ARM core's rate, and a DMA engine that copies and converts for a tenth of the CPU's cost per byte.
@@ -36,27 +40,33 @@ ACME_COST = {"mac": {"fp16": 0.001, "fp32": 0.002, "default": 0.002}, "byte": 0.
 ACME = register_target("acme", description="ACME edge NPU: a made-up target of the example plugin", cost=ACME_COST)
 
 
-def _skip_layer_norm_body(opset: int) -> list:
-    """Add, then LayerNormalization (a standard op from opset 17, which the filter requires)."""
-    norm = helper.make_node("LayerNormalization", ["sum", "scale", "bias"], ["output"])
-    norm.attribute.extend([ref("axis", "axis", AttributeProto.INT),
-                           ref("epsilon", "epsilon", AttributeProto.FLOAT),
-                           ref("stash_type", "stash_type", AttributeProto.INT)])
-    return [helper.make_node("Add", ["input", "skip"], ["sum"]), norm]
+def _split_heads_body(opset: int) -> list:
+    """Constant (the referenced shape; value_ints from opset 12, which the filter requires), Reshape, Transpose."""
+    shape = helper.make_node("Constant", [], ["shape"])
+    shape.attribute.append(ref("value_ints", "shape", AttributeProto.INTS))
+    return [shape, helper.make_node("Reshape", ["X", "shape"], ["heads"]),
+            helper.make_node("Transpose", ["heads"], ["Y"], perm=[0, 2, 1, 3])]
 
 
-register_op(DomainOp(SKIP_LAYER_NORMALIZATION, ("input", "skip", "scale", "bias"), ("output",),
-                     {"axis": None, "epsilon": None, "stash_type": None}, _skip_layer_norm_body,
-                     "input + skip, normalized by LayerNormalization (a transformer block's residual and norm)"))
+register_op(DomainOp(SPLIT_HEADS, ("X",), ("Y",), {"shape": None}, _split_heads_body,
+                     "X reshaped to [batch, sequence, heads, head size] (attribute shape, as Reshape reads it), "
+                     "then the sequence and head axes swapped"))
 
 
-def _kernel(precision: str, origin: str, **extra) -> dict:
-    """A kernel entry for the op: every port in the kernel's own precision and layout."""
+def _kernel(op: str, inputs, outputs, precision: str, origin: str, **extra) -> dict:
+    """A kernel entry: every port in the kernel's own precision and layout."""
     same = {"precision": "same", "layout": "same"}
-    return {"op": SKIP_LAYER_NORMALIZATION, "domain": DOMAIN, "since": 1, "until": None, "precision": precision,
-            "layout": extra.pop("layout", "nchw"),
-            "inputs": [{"name": name, **same} for name in ("input", "skip", "scale", "bias")],
-            "outputs": [{"name": "output", **same}], "origin": origin, **extra}
+    return {"op": op, "domain": DOMAIN, "since": 1, "until": None, "precision": precision,
+            "layout": extra.pop("layout", "nchw"), "inputs": [{"name": name, **same} for name in inputs],
+            "outputs": [{"name": name, **same} for name in outputs], "origin": origin, **extra}
+
+
+def _split_heads(precision: str, origin: str, **extra) -> dict:
+    return _kernel(SPLIT_HEADS, ("X",), ("Y",), precision, origin, **extra)
+
+
+def _add_norms(precision: str, origin: str) -> list[dict]:
+    return [_kernel(op, ("A", "B", "scale", "bias"), outputs, precision, origin) for op, outputs in ADD_NORMS.items()]
 
 
 def _cast(op: str, variant: str, precision: str, port_in: dict, port_out: dict, **extra) -> dict:
@@ -68,8 +78,10 @@ def _cast(op: str, variant: str, precision: str, port_in: dict, port_out: dict, 
 
 
 register_kernels([
-    _kernel("fp16", "made up: the ACME NPU's fused residual-norm kernel"),
-    _kernel("fp32", "made up: the ACME NPU's fused residual-norm kernel"),
+    _split_heads("fp16", "made up: the ACME NPU's DMA engine, reordering while it copies"),
+    _split_heads("fp32", "made up: the ACME NPU's DMA engine, reordering while it copies"),
+    *_add_norms("fp16", "made up: the ACME NPU's fused residual-norm kernel"),
+    *_add_norms("fp32", "made up: the ACME NPU's fused residual-norm kernel"),
     _cast("io_copy", "host_to_device", "any", {"precision": "same", "target": "host"}, {"precision": "same"}),
     _cast("io_copy", "device_to_host", "any", {"precision": "same"}, {"precision": "same", "target": "host"}),
     _cast("calib", "fp32_to_fp16", "fp16", {"precision": "fp32"}, {"precision": "fp16"},
@@ -77,43 +89,33 @@ register_kernels([
     _cast("calib", "fp16_to_fp32", "fp16", {"precision": "fp16"}, {"precision": "fp32"},
           constraints={"attributes": {"to": [TensorProto.FLOAT]}}),
 ], target="acme")
-register_kernels([_kernel("fp32", "onnxruntime com.microsoft.SkipLayerNormalization CPU kernel (last axis only)",
-                          constraints={"attributes": {"axis": [-1]}})], target="x86")
-register_kernels([_kernel("any", "runs the op's function body (Add, LayerNormalization) with the reference kernels",
-                          layout="any", types=["bfloat16", "double", "float", "float16"])], target="host")
+register_kernels([_split_heads("fp32", "onnxruntime runs the op's function body (its CPU Reshape and Transpose)")],
+                 target="x86")
+register_kernels([_split_heads("any", "runs the op's function body (Reshape, Transpose) with the reference kernels",
+                               layout="any", types=["bfloat16", "double", "float", "float16"])], target="host")
 
 
-def _bias(graph, norm):
-    """The norm's bias, or zeros shaped like its scale (every input of a mirserve op is always passed)."""
-    if norm.input(2) is not None:
-        return norm.input(2)
-    scale = norm.input(1)
-    if not scale.is_static:
-        return None
-    dtype = helper.tensor_dtype_to_np_dtype(scale.dtype)
-    return graph.add_initializer(f"{norm.name}_zero_bias", np.zeros(scale.shape, dtype))
-
-
-@register_filter("LayerNormalization", priority=PRIORITY_DOMAIN, level=2, portable=False,
-                 kernels=[f"{DOMAIN}.{SKIP_LAYER_NORMALIZATION}"], description="LayerNormalization(Add(a, b)) -> mirserve.SkipLayerNormalization(a, b, scale, bias)")
-def skip_layer_norm_fuse(ctx, norm):
-    total = norm.input(0)
-    add = total.producer
-    if add is None or not add.is_op("Add") or not total.has_single_consumer() or None in add.inputs:
+@register_filter("Transpose", priority=PRIORITY_DOMAIN, level=2, portable=False,
+                 kernels=[f"{DOMAIN}.{SPLIT_HEADS}"],
+                 description="Transpose(Reshape(x, shape), perm=[0, 2, 1, 3]) -> mirserve.SplitHeads(x, shape)")
+def split_heads_fuse(ctx, transpose):
+    if list(transpose.attr("perm") or []) != [0, 2, 1, 3] or ctx.opset("") < 12:
         return False
-    if total.dtype not in FLOATS or any(v.is_used for v in norm.outputs[1:]):
+    heads = transpose.input(0)
+    reshape = heads.producer
+    if reshape is None or not reshape.is_op("Reshape") or not heads.has_single_consumer():
         return False
-    graph = norm.graph
-    bias = _bias(graph, norm)
-    if bias is None:
+    shape = reshape.input(1).constant_value() if reshape.input(1) is not None else None
+    if shape is None or shape.size != 4 or heads.dtype not in FLOATS:
         return False
-    fused = graph.add_node(SKIP_LAYER_NORMALIZATION, [*add.inputs, norm.input(1), bias], [norm.output()],
-                           domain=DOMAIN, name=f"{norm.name}_skip", before=norm,
-                           attributes={"axis": int(norm.attr("axis", -1)),
-                                       "epsilon": float(norm.attr("epsilon", 1e-5)),
-                                       "stash_type": int(norm.attr("stash_type", 1))})
-    replaced = [add.name, norm.name]
-    graph.remove_nodes([add, norm])
+    if reshape.attr("allowzero", 0) and 0 in shape:  # a zero meaning a zero, not "copy this axis"
+        return False
+    graph = transpose.graph
+    fused = graph.add_node(SPLIT_HEADS, [reshape.input(0)], [transpose.output()], domain=DOMAIN,
+                           name=f"{transpose.name}_heads", before=transpose,
+                           attributes={"shape": [int(d) for d in shape.reshape(-1)]})
+    replaced = [reshape.name, transpose.name]
+    graph.remove_unused([transpose, reshape, reshape.input(1)])
     return {"from": replaced, "to": [fused.name]}
 
 

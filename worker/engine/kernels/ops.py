@@ -125,10 +125,13 @@ def nhwc_slots(op: str, domain: str) -> tuple[tuple[int, ...], tuple[int, ...]] 
     return NHWC_SLOTS.get((op, domain))
 
 
-#: Own-domain transformer ops (mirserve_domain/fused.py TRANSFORMER_OPS): name -> (inputs, outputs).
+#: Own-domain transformer ops (mirserve_domain/fused.py TRANSFORMER_OPS and ADD_NORM_OPS): name -> (inputs,
+#: outputs).
 TRANSFORMER_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Gelu": (("X",), ("Y",)), "GeluTanh": (("X",), ("Y",)), "RMSNorm": (("X", "scale"), ("Y",)),
     "ScaledDotProductAttention": (("Q", "KT", "V", "mask"), ("Y",)),
+    "AddLayerNormalization": (("A", "B", "scale", "bias"), ("Y",)),
+    "AddLayerNormalizationWithSum": (("A", "B", "scale", "bias"), ("Y", "S")),
 }
 
 

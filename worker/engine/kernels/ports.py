@@ -46,12 +46,21 @@ def element_name(type_str: str) -> str | None:
     return None
 
 
+#: Type parameters onnxruntime binds together where the schema lets them differ: Attention's CPU kernel is
+#: registered for one float type (T1 = T2), so a float16 V beside float Q and K finds no kernel and the op's
+#: function body, tried instead, fails to type-check ("MatMul bound to different types").
+RUNTIME_TIED = {("Attention", ""): {"T2": "T1"}}
+
+
 def signature(schema) -> OpSignature:
     """Read an onnx.defs.OpSchema or an onnxruntime schemadef into an OpSignature."""
+    tied = RUNTIME_TIED.get((schema.name, schema.domain), {})
+
     def formal(param) -> Formal:
         option = str(param.option)
         type_str = getattr(param, "type_str", None) or getattr(param, "typeStr")
-        return Formal(param.name, type_str, option.endswith("Optional"), option.endswith("Variadic"))
+        return Formal(param.name, tied.get(type_str, type_str), option.endswith("Optional"),
+                      option.endswith("Variadic"))
 
     params = {}
     for constraint in schema.type_constraints:

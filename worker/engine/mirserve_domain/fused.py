@@ -15,6 +15,11 @@ For the same reason every input is always passed (a zero bias for a conv without
     RMSNorm(X, scale) -> Y                 epsilon: RMSNormalization (opset 23) over the last axis
     ScaledDotProductAttention(Q, KT, V, mask) -> Y
                                            scale: Attention (opset 23) with the keys transposed
+    AddLayerNormalization(A, B, scale, bias) -> Y
+    AddLayerNormalizationWithSum(A, B, scale, bias) -> Y, S
+                                           axis, epsilon, stash_type: LayerNormalization (opset 17) of A + B,
+                                           a transformer block's residual connection and norm; the second
+                                           form also gives the sum S (a pre-norm block's next residual)
     ChannelShuffle(X) -> Y                 group: X [N, C, ...] seen as [N, group, C/group, ...], the two
                                            group axes swapped, and read back in X's shape
     QLinear<Op>(operands with scales and zero points, output scale and zero point[, B]) -> 8-bit result
@@ -148,6 +153,21 @@ def _transformer_body(name: str, body: BodyBuilder) -> None:
         body.op("MatMul", [weights, "V"], out="Y")
 
 
+#: LayerNormalization of a residual sum, one kernel for the two ops (onnxruntime's contrib op for it is
+#: SkipLayerNormalization, with optional gamma / beta / bias and the sum as its fourth output; these are not
+#: that signature, so they do not take its name). Two ops, not one with an optional output: onnx's shape
+#: inference rejects a call that leaves out a trailing output of a function. name -> outputs.
+ADD_NORM_OPS = {"AddLayerNormalization": ("Y",), "AddLayerNormalizationWithSum": ("Y", "S")}
+ADD_NORM_ATTRIBUTES = {"axis": A.INT, "epsilon": A.FLOAT, "stash_type": A.INT}
+
+
+def _add_norm_body(body: BodyBuilder) -> None:
+    body.require(17, "LayerNormalization")
+    refs = tuple(ref(name, name, kind) for name, kind in ADD_NORM_ATTRIBUTES.items())
+    body.op("Add", ["A", "B"], out="S")
+    body.op("LayerNormalization", ["S", "scale", "bias"], out="Y", refs=refs)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """What the passes need to know about one fused op besides its ONNX function."""
@@ -185,6 +205,9 @@ def _define_all() -> None:
     for name, (inputs, attributes, description) in TRANSFORMER_OPS.items():
         _define(name, inputs, ("Y",), {attr: None for attr in attributes},
                 lambda body, n=name: _transformer_body(n, body), description)
+    for name, outputs in ADD_NORM_OPS.items():
+        _define(name, ("A", "B", "scale", "bias"), outputs, dict.fromkeys(ADD_NORM_ATTRIBUTES), _add_norm_body,
+                "LayerNormalization of A + B" + (", and the sum A + B" if "S" in outputs else ""))
     for form in QLINEAR_FORMS.values():
         _define(form.name, form.inputs, (form.output,), {name: None for name in QLINEAR_ATTRIBUTES.get(form.op, {})},
                 lambda body, f=form: _qlinear_body(f, body),

@@ -96,7 +96,7 @@ REPLACE: tuple[str, ...] = (
 SIMPLIFY: tuple[str, ...] = CHAINS + CLEANUP + FUSE + REPLACE
 #: Fusions into ops of the project's own domain (level 2, not under --portable), after standard fusions.
 DOMAIN_FUSE: tuple[str, ...] = ("qlinear_fuse", "shuffle_channel_fuse", "conv_activation_fuse",
-                                 "gemm_activation_fuse", "elementwise_activation_fuse")
+                                 "gemm_activation_fuse", "elementwise_activation_fuse", "add_layer_norm_fuse")
 #: Kernel pick per place, place inference, io_copy / calib / layout casts and their cleanup.
 PLACE: tuple[str, ...] = ("static_kernel_pick", "variable_place_inference", "type_target_cast",
                           "type_precision_cast", "type_layout_cast", "type_cast_cleanup", "fp16_storage",

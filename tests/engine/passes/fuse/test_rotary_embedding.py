@@ -2,6 +2,8 @@
 23+, checked against the chain on onnxruntime; each refusal is a sentence."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -161,3 +163,155 @@ def test_interleaved_cos_not_repeated_in_pairs_is_refused(tmp_path):
 def test_interleaved_slices_not_even_and_odd_are_refused(tmp_path):
     out = optimize(tmp_path, interleaved_model(odd_start=0), [PASS], check=False, valid=False)
     assert "RotaryEmbedding" not in out.ops and out.refused("do not take the even and odd head dims")
+
+
+# Run-time cos and sin (dynamic batch and sequence): cos = Unsqueeze(Cos(Concat(f, f)) * s, heads axis).
+
+def dynamic_model(*, second=None, op_sin="Sin", axis=1, f_batch="1", scale=True, cast=False):
+    """q and k (B, H, S, D) rotated by cos/sin computed from f (f_batch, S, D/2) at run time, shared by both;
+    ``second`` names the table the Concat repeats (f unless a refusal wants otherwise)."""
+    second = second or "f"
+    steps = []  # the optional scale and Cast, each a line per factor
+    if scale:
+        steps.append(("Mul ({}, s)", ""))
+    if cast:
+        steps.append(("Cast <to = 1> ({})", ""))
+    lines, last = [], {"c": "c0", "s": "s0"}
+    for i, (op, _) in enumerate(steps):
+        for key in ("c", "s"):
+            lines.append(f"{key}{i + 1} = {op.format(last[key])}")
+            last[key] = f"{key}{i + 1}"
+    chain = "\n            ".join(lines)
+    rotate = "\n".join(f"""
+            {v}a, {v}b = Split <axis = -1> ({v}, halves)
+            {v}nb = Neg ({v}b)
+            {v}r = Concat <axis = -1> ({v}nb, {v}a)
+            {v}xc = Mul ({v}, cu)
+            {v}rs = Mul ({v}r, su)
+            {v}y = Add ({v}xc, {v}rs)""" for v in ("q", "k"))
+    text = f"""<ir_version: 10, opset_import: ["" : 23]>
+        g (float[B, {H}, S, {D}] q, float[B, {H}, S, {D}] k, float[{f_batch}, S, {D // 2}] f,
+           float[{f_batch}, S, {D // 2}] g) => (float[B, {H}, S, {D}] qy, float[B, {H}, S, {D}] ky) {{
+            e = Concat <axis = -1> (f, {second})
+            c0 = Cos (e)
+            s0 = {op_sin} (e)
+            {chain}
+            cu = Unsqueeze ({last["c"]}, heads)
+            su = Unsqueeze ({last["s"]}, heads)
+            {rotate}
+        }}"""
+    model = parser.parse_model(text)
+    inits = {"halves": np.array([D // 2, D // 2], np.int64), "heads": np.array([axis], np.int64),
+             "s": np.array(0.75, np.float32)}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def canonical(model: onnx.ModelProto) -> list[tuple]:
+    """Every node as (op, inputs, outputs, attributes), values named by graph input, constant content or order
+    of first appearance: two graphs compare equal when they compute the same way whatever their names."""
+    names = {i.name: f"in:{i.name}" for i in model.graph.input}
+    names.update({t.name: f"const:{numpy_helper.to_array(t).tolist()}" for t in model.graph.initializer})
+    names.update({o.name: f"out:{o.name}" for o in model.graph.output})
+    fresh = iter(range(1 << 20))
+
+    def name(value: str) -> str:
+        if value not in names:
+            names[value] = f"v{next(fresh)}"
+        return names[value]
+
+    return [(n.op_type, [name(i) for i in n.input], [name(o) for o in n.output],
+             {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}) for n in model.graph.node]
+
+
+def run_dynamic(path, seq: int, f_batch: int = 1) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(seq)
+    feeds = {"q": rng.standard_normal((2, H, seq, D)), "k": rng.standard_normal((2, H, seq, D)),
+             "f": rng.uniform(0, 6, (f_batch, seq, D // 2)), "g": rng.uniform(0, 6, (f_batch, seq, D // 2))}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    used = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v.astype(np.float32) for k, v in feeds.items() if k in used})
+
+
+def test_runtime_cos_and_sin_become_one_shared_cache(tmp_path):
+    before = dynamic_model()
+    out = optimize(tmp_path, before, [PASS], check=False)
+    expected = parser.parse_model(f"""<ir_version: 10, opset_import: ["" : 23]>
+        g (float[B, {H}, S, {D}] q, float[B, {H}, S, {D}] k, float[1, S, {D // 2}] f,
+           float[1, S, {D // 2}] g) => (float[B, {H}, S, {D}] qy, float[B, {H}, S, {D}] ky) {{
+            batch = Shape <end = 1> (q)
+            rest = Shape <start = 1> (f)
+            shape = Concat <axis = 0> (batch, rest)
+            fb = Expand (f, shape)
+            c = Cos (fb)
+            cs = Mul (c, s)
+            s1 = Sin (fb)
+            ss = Mul (s1, s)
+            qy = RotaryEmbedding (q, cs, ss)
+            ky = RotaryEmbedding (k, cs, ss)
+        }}""")
+    expected.graph.initializer.append(numpy_helper.from_array(np.array(0.75, np.float32), "s"))
+    assert canonical(onnx.load(str(out.path))) == canonical(expected)
+    onnx.save(before, str(tmp_path / "before.onnx"))
+    for seq in (5, 11):  # one graph, two sequence lengths
+        for got, want in zip(run_dynamic(out.path, seq), run_dynamic(tmp_path / "before.onnx", seq)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("f_batch", ["B", "1"])
+def test_a_cast_and_no_scale_and_a_batched_table(tmp_path, f_batch):
+    """With the table's batch that of x no Expand is needed; the Cast is replayed on the half-size cache."""
+    before = dynamic_model(f_batch=f_batch, scale=False, cast=True)
+    out = optimize(tmp_path, before, [PASS], check=False)
+    assert out.ops.count("RotaryEmbedding") == 2 and out.ops.count("Cos") == 1 and out.ops.count("Cast") == 2
+    assert ("Expand" in out.ops) == (f_batch == "1")
+    onnx.save(before, str(tmp_path / "before.onnx"))
+    for seq in (3, 7):
+        fed = 2 if f_batch == "B" else 1
+        for got, want in zip(run_dynamic(out.path, seq, fed), run_dynamic(tmp_path / "before.onnx", seq, fed)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"second": "g"}, "is not Cos of one table concatenated with itself on the last axis"),
+    ({"op_sin": "Cos"}, "the sin factor 'su' is not a constant and is not computed by Sin"),
+    ({"axis": 2}, "is not a (batch, seq, rot) table unsqueezed on the heads axis"),
+])
+def test_runtime_factors_not_of_the_rotary_form_are_refused(tmp_path, kwargs, reason):
+    out = optimize(tmp_path, dynamic_model(**kwargs), [PASS], check=False)
+    assert "RotaryEmbedding" not in out.ops
+    assert out.refused(reason), out.refusals()
+
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "transformers"
+DYNAMIC = [f"{model}_dynamic.{exporter}" for model in ("llama", "phi") for exporter in ("dynamo", "torchscript")]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_dynamic_exports_fuse_with_one_cache_and_agree_at_two_lengths(tmp_path, name):
+    """Exports with a dynamic batch and sequence (``transformer_exports.py --size tiny``): both rotations of the
+    layer become RotaryEmbedding over one Cos and one Sin, and the output agrees with the export's at batch 2
+    and two sequence lengths (masks padded on the right: no query row is masked whole)."""
+    import onnxruntime as ort
+
+    from worker.engine.api import optimize as run
+    from worker.engine.options import OptimizeOptions
+
+    source, target = DATA / f"{name}.onnx", tmp_path / "out.onnx"
+    run(source, target, OptimizeOptions(portable=True, target_opset=23, verify=False))
+    saved = onnx.load(str(target))
+    ops = [n.op_type for n in saved.graph.node]
+    assert (ops.count("RotaryEmbedding"), ops.count("Cos"), ops.count("Sin"), ops.count("Neg")) == (2, 1, 1, 0)
+    assert all(d.dim_param for d in saved.graph.input[0].type.tensor_type.shape.dim)  # still dynamic
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, target)]
+    rng = np.random.default_rng(0)
+    for seq in (5, 12):
+        ids = rng.integers(3, 100, (2, seq))
+        mask = np.ones((2, seq), np.int64)
+        mask[1, seq - 2:] = 0
+        want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

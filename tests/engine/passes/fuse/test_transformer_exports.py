@@ -106,3 +106,32 @@ def test_make_llama_fp16_gets_rotary_and_attention(tmp_path, static):
     ops = Counter(node.op_type for node in onnx.load(str(tmp_path / "out.onnx"), load_external_data=False).graph.node)
     assert (ops["RMSNormalization"], ops["RotaryEmbedding"], ops["Attention"]) == (5, 4 if static else 0, 2), ops
     assert not ops["Softmax"] and not ops["Expand"] and (not ops["Neg"]) == static
+
+
+#: model -> exporters: decoders with a past KV cache, sdpa attention (a boolean mask, torch's decomposition),
+#: and sdpa without padding (torch's is_causal; its TorchScript export fails on aten::diff).
+ATTENTION_FORMS = {"gpt2_past": EXPORTERS, "llama_past": EXPORTERS, "llama_sdpa": EXPORTERS,
+                   "qwen2_sdpa_past": EXPORTERS, "llama_sdpa_causal": ("dynamo",)}
+FORM_CASES = [(model, exporter) for model, exporters in ATTENTION_FORMS.items() for exporter in exporters]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("model, exporter", FORM_CASES, ids=[f"{m}.{e}" for m, e in FORM_CASES])
+def test_attention_forms_become_one_attention_per_layer(tmp_path, model, exporter):
+    """The cache goes into the op (its present outputs are the graph's), a boolean mask stays boolean, and an
+    unpadded causal mask becomes is_causal; the outputs agree with the export's on onnxruntime."""
+    source = DATA / f"{model}.{exporter}.onnx"
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(portable=True, target_opset=23, verify_runs=2))
+    assert report["verification"]["passed"], report["verification"]
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(tmp_path / "out.onnx"))).graph
+    ops = Counter(node.op_type for node in graph.node)
+    assert ops["Attention"] == 1 and not ops["Softmax"] and not ops["IsNaN"] and not ops["Expand"], ops
+    attention = next(node for node in graph.node if node.op_type == "Attention")
+    if model.endswith("_past"):
+        assert not ops["Concat"] and list(attention.input[4:]) == ["past_key_0", "past_value_0"]
+        assert list(attention.output[1:]) == ["present_key_0", "present_value_0"]
+    if model.endswith("_causal"):
+        assert {a.name: a.i for a in attention.attribute}.get("is_causal") == 1 and len(attention.input) == 3
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.value_info, *graph.input]}
+    if "sdpa" in model and exporter == "torchscript":  # its mask fills with -inf: boolean in the op
+        assert types[attention.input[3]] == onnx.TensorProto.BOOL

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.passes.fuse.harness import optimize
-from tests.engine.passes.fuse.test_attention import attention_model
+from tests.engine.passes.fuse.test_attention import attention_model, sdpa_model
 from tests.engine.passes.fuse.test_gelu import erf_chain, tanh_chain
 from tests.engine.passes.fuse.test_rms_norm import rms_chain, floats, HIDDEN
 
@@ -53,6 +53,14 @@ def test_attention_at_opset_18_becomes_the_domain_attention(tmp_path, masks):
     node = own(out, "ScaledDotProductAttention")
     assert node.attr("scale") == pytest.approx(0.35355)
     assert len(node.inputs) == 4
+
+
+def test_torch_sdpa_at_opset_18_becomes_the_domain_attention_with_the_guard_on_its_output(tmp_path):
+    """q and kT each scaled by sqrt(scale), weights NaN-guarded: the random boolean mask masks whole rows, which
+    the chain zeroes before multiplying by v and the guard after the op zeroes too."""
+    out = optimize(tmp_path, sdpa_model(opset=18), [PASS])
+    assert sorted(out.ops) == ["IsNaN", "ScaledDotProductAttention", "Transpose", "Where", "Where"]
+    assert own(out, "ScaledDotProductAttention").attr("scale") == pytest.approx(8 ** -0.5)
 
 
 def test_grouped_query_attention_keeps_repeat_kv_in_front(tmp_path):

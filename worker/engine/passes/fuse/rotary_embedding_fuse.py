@@ -8,9 +8,16 @@ the RotaryEmbedding op (opset 23+).
     y = Concat(rotary(r), rest, axis=-1)                        ->  RotaryEmbedding(x, ..., rotary_embedding_dim=rot)
 
 x is (batch, heads, seq, head) (the transformers library's rotate-half, after split_fuse turned its two
-Slices into a Split). cos and sin must be constants (static-shape exports fold them) that broadcast to x,
-do not vary along the heads, and repeat their first half in the second (cos = cat(freqs, freqs).cos(): the op
-takes each frequency once); the caches become (batch, seq, rot/2), so batch and seq must be static. Refused
+Slices into a Split). Constant cos and sin (static-shape exports fold them) must broadcast to x, not vary
+along the heads, and repeat their first half in the second (cos = cat(freqs, freqs).cos(): the op takes each
+frequency once); the caches become (batch, seq, rot/2), so batch and seq must be static. Cos and sin computed
+at run time (dynamic batch or sequence) are taken when their structure proves the same:
+
+    cos = Unsqueeze(Cast(Cos(Concat(f, f, axis=-1)) * s), axis 1)   ->  cos_cache = Cast(Cos(f) * s)
+
+(scale and Cast optional; f is (batch or 1, seq, rot/2) with x's seq: the same dim after type inference, or
+positions Range(0, that dim, 1) times the inverse frequencies; a batch of 1 is expanded to x's, as the op wants
+(batch, seq, rot/2) caches). The cache is built once per f and shared by every layer. Refused
 before opset 23 (``--target-opset 23`` raises it), where no valid place has a RotaryEmbedding kernel, and
 when any of the above does not hold, each with a sentence. The interleaved form (GPT-J's rotate_every_two:
 even and odd elements by step-2 Slices, the negated odd ones and the even ones stacked on a new last axis and
@@ -21,10 +28,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.engine.ir import Node
+from typing import NamedTuple
+
+from worker.engine.ir import Graph, Node, Value
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.operands import int_list, ints_input_or_attr, slice_arguments
+from worker.engine.passes.support.operands import axes_of, int_list, ints_input_or_attr, slice_arguments
+from worker.engine.passes.support.shapes import same_dim
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
@@ -73,11 +83,139 @@ def cache(factor: np.ndarray, shape: tuple[int, ...], rot: int, interleaved: boo
     return np.ascontiguousarray(np.broadcast_to(first, (shape[0], shape[2], half)))
 
 
+class RuntimeFactor(NamedTuple):
+    """A run-time cos or sin factor proved to be Unsqueeze(Cast(op(Concat(f, f)) * scale), heads axis) (or
+    without the Unsqueeze when the batch is 1: a leading 1 broadcasts the same)."""
+    op: str
+    frequencies: Value
+    scale: np.ndarray | None
+    cast_to: int | None
+    expand: bool  # f has batch 1 and x's batch is not known to be 1
+
+
+def runtime_factor(factor: Value, op: str, x: Value, rot: int, opset: int) -> RuntimeFactor | str:
+    """Walk up from the factor a Mul reads to the frequencies f, or say which step is not the rotary form."""
+    node, value = factor.producer, factor
+    if node is not None and node.op_type == "Unsqueeze" and node.input(0).rank == 3 and \
+            [a % 4 for a in axes_of(node, opset) or []] == [1]:
+        value = node.input(0)
+    elif factor.rank != 3 or factor.shape[0] != 1:  # (1, seq, rot) broadcasts as (1, 1, seq, rot)
+        return "is not a (batch, seq, rot) table unsqueezed on the heads axis"
+    cast_to, scale = None, None
+    node = value.producer
+    if node is not None and node.op_type == "Cast":
+        cast_to, value = node.attr("to"), node.input(0)
+        node = value.producer
+    if node is not None and node.op_type == "Mul":
+        constants = [slot for slot in (0, 1) if node.input(slot).constant_value() is not None]
+        if not constants or node.input(constants[0]).constant_value().size != 1:
+            return "is scaled by something other than a constant scalar"
+        scale = node.input(constants[0]).constant_value().reshape(())
+        value = node.input(1 - constants[0])
+        node = value.producer
+    if node is None or node.op_type != op:
+        return f"is not computed by {op}"
+    joined = node.input(0).producer
+    if joined is None or joined.op_type != "Concat" or len(joined.inputs) != 2 or \
+            joined.input(0) is not joined.input(1) or joined.attr("axis", 0) % 3 != 2:
+        return f"is not {op} of one table concatenated with itself on the last axis"
+    frequencies = joined.input(0)
+    shape = frequencies.shape
+    if shape is None or len(shape) != 3 or shape[2] != rot // 2 or \
+            not (same_dim(shape[1], x.shape[2]) or same_dim(positions_count(frequencies, rot), x.shape[2])):
+        return (f"does not take {op} of a (batch, seq, {rot // 2}) table with the sequence of {x.name!r} "
+                f"([{', '.join(map(str, shape or ()))}] against [{', '.join(map(str, x.shape))}])")
+    if (cast_to or frequencies.dtype) != x.dtype:
+        return f"does not have the type of {x.name!r}"
+    if not same_dim(shape[0], x.shape[0]) and shape[0] != 1:
+        return f"has a batch that is neither 1 nor the batch of {x.name!r}"
+    return RuntimeFactor(op, frequencies, scale, cast_to, not same_dim(shape[0], x.shape[0]))
+
+
+def strip(value: Value, ops: tuple[str, ...]) -> Value:
+    while value.producer is not None and value.producer.op_type in ops:
+        value = value.producer.input(0)
+    return value
+
+
+def positions_count(frequencies: Value, rot: int) -> object:
+    """The sequence dim f's positions count, when f (1, n, rot/2) is positions (1, n, 1) * inv_freq (rot/2) and
+    the positions are Range(0, dim d of some value, 1): that value's dim d. Type inference may give the Range
+    a fresh symbol; this is the structural proof that n is that dim. None when not of this form."""
+    node = frequencies.producer
+    if frequencies.shape[0] != 1 or node is None or node.op_type != "Mul":
+        return None
+    constants = [slot for slot in (0, 1) if node.input(slot).constant_value() is not None]
+    positions = node.input(1 - constants[0]) if len(constants) == 1 else None
+    if positions is None or node.input(constants[0]).shape[-1:] != (rot // 2,) or \
+            np.prod(node.input(constants[0]).shape) != rot // 2 or positions.shape is None or \
+            tuple(positions.shape)[-1:] != (1,):
+        return None
+    ranged = strip(positions, ("Cast", "Unsqueeze")).producer
+    if ranged is None or ranged.op_type != "Range" or int_list(ranged.input(0)) != [0] or \
+            int_list(ranged.input(2)) != [1]:
+        return None
+    limit = strip(ranged.input(1), ("Cast", "Squeeze", "Reshape")).producer
+    if limit is not None and limit.op_type == "Gather" and limit.input(0).producer is not None and \
+            limit.input(0).producer.op_type == "Shape" and not limit.input(0).producer.attributes:
+        index, source = int_list(limit.input(1)), limit.input(0).producer.input(0)
+    elif limit is not None and limit.op_type == "Shape" and limit.attr("end") is not None and \
+            limit.attr("end") == limit.attr("start", 0) + 1:
+        index, source = [limit.attr("start", 0)], limit.input(0)
+    else:
+        return None
+    if index is None or len(index) != 1 or source.shape is None or not -len(source.shape) <= index[0] < len(source.shape):
+        return None
+    return source.shape[index[0]]
+
+
+def typed(node: Node, dtype: int, shape: tuple) -> Value:
+    node.outputs[0].dtype, node.outputs[0].shape = dtype, tuple(shape)
+    return node.outputs[0]
+
+
+class Caches:
+    """The run-time caches built so far in one run of a rule: one per table, shared by every layer. Built
+    before the rule's first rewrite, which comes first in graph order, so they precede every later one."""
+
+    def __init__(self):
+        self.built: dict[tuple, Value] = {}
+
+    def get(self, graph: Graph, factor: RuntimeFactor, x: Value, before: Node) -> Value:
+        f = factor.frequencies
+        if factor.expand:
+            key = ("expand", f)
+            if key not in self.built:
+                batch = typed(graph.add_node("Shape", [x], name=f"{f.name}_batch", before=before,
+                                             attributes={"end": 1}), 7, (1,))
+                rest = typed(graph.add_node("Shape", [f], name=f"{f.name}_rest", before=before,
+                                            attributes={"start": 1}), 7, (2,))
+                shape = typed(graph.add_node("Concat", [batch, rest], name=f"{f.name}_shape", before=before,
+                                             attributes={"axis": 0}), 7, (3,))
+                self.built[key] = typed(graph.add_node("Expand", [f, shape], name=f"{f.name}_expand",
+                                                       before=before), f.dtype, (x.shape[0], *f.shape[1:]))
+            f = self.built[key]
+        key = (factor.op, f, None if factor.scale is None else factor.scale.tobytes(), factor.cast_to)
+        if key not in self.built:
+            value = typed(graph.add_node(factor.op, [f], name=f"{f.name}_{factor.op.lower()}", before=before),
+                          f.dtype, f.shape)
+            if factor.scale is not None:
+                scale = graph.add_initializer(f"{value.name}_scale", factor.scale.astype(numpy_dtype(f.dtype)))
+                value = typed(graph.add_node("Mul", [value, scale], name=f"{value.name}_scaled", before=before),
+                              f.dtype, f.shape)
+            if factor.cast_to is not None:
+                value = typed(graph.add_node("Cast", [value], name=f"{value.name}_cast", before=before,
+                                             attributes={"to": factor.cast_to}), factor.cast_to, f.shape)
+            self.built[key] = value
+        return self.built[key]
+
+
 class RotateHalf(Rule):
     def __init__(self, partial: bool):
         super().__init__()
         self.partial = partial
         self.name = "rotary_rotate_half_partial" if partial else "rotary_rotate_half"
+        self.caches = Caches()
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
@@ -96,17 +234,17 @@ class RotateHalf(Rule):
             p.Concat(rotary, rest, key="join", out="out")
         return p
 
-    def check(self, ctx: PassContext, match: Match) -> tuple[int, np.ndarray, np.ndarray] | str:
-        """(rotary dim, cos cache, sin cache), or why the chain is not a RotaryEmbedding."""
+    def check(self, ctx: PassContext, match: Match) -> tuple | str:
+        """(rotary dim, cos cache, sin cache) (each constant or a RuntimeFactor), or why the chain is not a
+        RotaryEmbedding."""
         refusal = standard_op_refusal(ctx, "RotaryEmbedding", 23)
         if refusal:
             return refusal
         x, split = match.value("x"), match.node("split")
         shape = x.shape
-        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or \
-                not all(isinstance(d, int) for d in shape):
-            return (f"the input {x.name!r} of the rotary chain at {describe(split)} is not a float tensor of "
-                    f"static shape (batch, heads, seq, head)")
+        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or not isinstance(shape[3], int):
+            return (f"the input {x.name!r} of the rotary chain at {describe(split)} is not a float tensor "
+                    f"(batch, heads, seq, head) of a static head size")
         head, opset = shape[3], ctx.opset()
         rot = head
         if self.partial:
@@ -125,7 +263,14 @@ class RotateHalf(Rule):
         for key in ("cos", "sin"):
             factor = match.value(key).constant_value()
             if factor is None:
-                return f"the {key} factor {match.value(key).name!r} is not a constant"
+                found = runtime_factor(match.value(key), key.capitalize(), x, rot, opset)
+                if isinstance(found, str):
+                    return f"the {key} factor {match.value(key).name!r} is not a constant and {found}"
+                caches.append(found)
+                continue
+            if not all(isinstance(d, int) for d in shape):
+                return (f"the {key} factor {match.value(key).name!r} is a constant but {x.name!r} has no static "
+                        f"shape to build the caches for")
             found = cache(factor, rotated_shape, rot)
             if found is None:
                 return (f"the {key} factor {match.value(key).name!r} does not broadcast to {list(rotated_shape)} "
@@ -133,13 +278,15 @@ class RotateHalf(Rule):
             caches.append(found.astype(numpy_dtype(x.dtype)))
         return rot, caches[0], caches[1]
 
-    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, np.ndarray, np.ndarray]) -> Node:
-        rot, cos, sin = plan
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple) -> Node:
+        rot, *factors = plan
         graph, anchor = match.graph, match.node("add")
-        inputs = [match.value("x"), graph.add_initializer(f"{anchor.name}_cos_cache", cos),
-                  graph.add_initializer(f"{anchor.name}_sin_cache", sin)]
-        attributes = {"rotary_embedding_dim": rot} if self.partial else {}
         last = match.node("join") if self.partial else anchor
+        inputs = [match.value("x")]
+        for key, factor in zip(("cos", "sin"), factors):
+            inputs.append(self.caches.get(graph, factor, match.value("x"), last) if isinstance(factor, RuntimeFactor)
+                          else graph.add_initializer(f"{anchor.name}_{key}_cache", factor))
+        attributes = {"rotary_embedding_dim": rot} if self.partial else {}
         return graph.add_node("RotaryEmbedding", inputs, outputs=[match.value("out")], name=anchor.name,
                               before=last, attributes=attributes)
 

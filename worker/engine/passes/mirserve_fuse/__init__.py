@@ -3,6 +3,7 @@
 Level 2 and skipped with ``--portable``. Importing the package defines the ops and registers the passes.
 """
 from worker.engine.passes.mirserve_fuse import (  # noqa: F401  (registration)
+    add_layer_norm_fuse,
     conv_activation_fuse,
     elementwise_activation_fuse,
     gemm_activation_fuse,

@@ -11,7 +11,10 @@ The chains, and every precondition but the opset, are those of gelu_fuse, rms_no
 a chain whose standard op the model may have is left to those passes (this one says nothing about it), and
 ``--target-opset`` still gives standard ops. The attention op takes the keys as transposed as the chain
 reads them and an additive mask (a zero scalar without one; two masks summed first), so its body is the
-chain itself; grouped-query repeat_kv stays in front of it. RMSNorm normalizes over the last axis only.
+chain itself; grouped-query repeat_kv stays in front of it. torch's scaled_dot_product_attention decomposed
+(q and kT each scaled, the weights guarded by Where(IsNaN(w), 0, w)) becomes the op with the guard on its
+output: a row of weights all NaN (every key masked by -inf) is a row of the output all NaN, so both give 0
+there wherever the values are finite. RMSNorm normalizes over the last axis only.
 Level 2, skipped with --portable. Refused where the body cannot be written (opset below 13: Softmax over
 one axis), where no valid place has a kernel for the op, and where only places outside the first place's
 memory have one (a GPU run would copy the chain's data to the host fallback and back). Numeric effect: the body's ops in place of the chain's
@@ -103,8 +106,8 @@ class DomainRMSNorm(RMSNormChain):
 
 
 class DomainAttention(ScaledDotProduct):
-    def __init__(self, scale: str, masks: int):
-        super().__init__(scale, masks)
+    def __init__(self, scale: str, masks: int, nan_guard: bool = False):
+        super().__init__(scale, masks, nan_guard=nan_guard)
         self.name = f"{self.name}_domain"
 
     def check(self, ctx: PassContext, match: Match):
@@ -135,9 +138,17 @@ class DomainAttention(ScaledDotProduct):
             mask = match.value("mask0")
         else:
             mask = graph.add_initializer(f"{anchor.name}_no_mask", np.zeros((), numpy_dtype(q.dtype)))
+        out = match.value("out")
         created.append(graph.add_node("ScaledDotProductAttention", [q, match.value("kt"), match.value("v"), mask],
-                                      outputs=[match.value("out")], name=anchor.name, domain=DOMAIN,
-                                      before=anchor, attributes={"scale": float(scale)}))
+                                      outputs=[f"{anchor.name}_y" if self.nan_guard else out], name=anchor.name,
+                                      domain=DOMAIN, before=anchor, attributes={"scale": float(scale)}))
+        if self.nan_guard:  # on the output: a row of weights all NaN is a row of y all NaN (finite values)
+            y = created[-1].outputs[0]
+            y.dtype, y.shape = out.dtype, out.shape
+            created.append(graph.add_node("IsNaN", [y], outputs=1, name=f"{anchor.name}_is_nan", before=anchor))
+            created[-1].outputs[0].dtype, created[-1].outputs[0].shape = 9, out.shape
+            created.append(graph.add_node("Where", [created[-1].outputs[0], match.value("zero"), y], outputs=[out],
+                                          name=f"{anchor.name}_guard", before=anchor))
         return created
 
 
@@ -148,5 +159,6 @@ def transformer_domain_fuse(ctx: PassContext) -> PassResult:
     rules = [DomainRMSNorm(square, inverse, has_scale) for has_scale in (True, False)
              for inverse in INVERSES for square in ("pow", "mul")]
     rules += [DomainGelu(form) for form in forms("gelu_erf", "gelu_tanh")]
-    rules += [DomainAttention(scale, masks) for masks in (2, 1, 0) for scale in ("mul", "div", "none")]
+    rules += [DomainAttention(scale, masks, nan_guard) for nan_guard in (True, False) for masks in (2, 1, 0)
+              for scale in ("split", "split_shared", "mul", "div", "none")]
     return apply_rules(ctx, rules)

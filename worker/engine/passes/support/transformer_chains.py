@@ -132,15 +132,28 @@ def broadcast(a: tuple, b: tuple) -> tuple:
 
 
 class ScaledDotProduct(Rule):
-    def __init__(self, scale: str, masks: int, float_softmax: bool = False):
+    """``scale``: "mul" or "div" (the scores times or over a constant), "none", or "split" (the query and the
+    transposed keys each times a constant, torch's scaled_dot_product_attention by its square root) and
+    "split_shared" (the same, both times one constant value);
+    ``nan_guard``: the weights pass through Where(IsNaN(w), 0, w) (the same decomposition's zero rows where
+    every key is masked, what the op computes there)."""
+
+    def __init__(self, scale: str, masks: int, float_softmax: bool = False, nan_guard: bool = False):
         super().__init__()
-        self.scale, self.masks, self.float_softmax = scale, masks, float_softmax
-        self.name = f"attention_{scale}_{masks}_masks{'_float_softmax' if float_softmax else ''}"
+        self.scale, self.masks, self.float_softmax, self.nan_guard = scale, masks, float_softmax, nan_guard
+        self.name = (f"attention_{scale}_{masks}_masks{'_float_softmax' if float_softmax else ''}"
+                     f"{'_nan_guard' if nan_guard else ''}")
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
-        scores = p.MatMul(p.var("q"), p.var("kt"), key="qk")
-        if self.scale != "none":
+        if self.scale in ("split", "split_shared"):  # a match binds distinct values: one var when shared
+            c = p.var("c")
+            q = p.Mul(p.var("q"), c if self.scale == "split_shared" else p.var("cq"), key="q_scale", commutative=True)
+            kt = p.Mul(p.var("kt"), c, key="scale", commutative=True)
+            scores = p.MatMul(q, kt, key="qk")
+        else:
+            scores = p.MatMul(p.var("q"), p.var("kt"), key="qk")
+        if self.scale in ("mul", "div"):
             scores = p.op("Mul" if self.scale == "mul" else "Div", scores, p.var("c"), key="scale",
                           commutative=self.scale == "mul")
         for i in range(self.masks):
@@ -149,12 +162,36 @@ class ScaledDotProduct(Rule):
             weights = p.Cast(p.Softmax(p.Cast(scores, key="up", attrs={"to": 1}), key="softmax"), key="down")
         else:
             weights = p.Softmax(scores, key="softmax")
+        if self.nan_guard:
+            weights = p.Where(p.IsNaN(weights, key="is_nan"), p.var("zero"), weights, key="guard")
         p.MatMul(weights, p.var("v"), key="pv", out="out")
         return p
 
     def check(self, ctx: PassContext, match: Match) -> float | str:
         """The scale, or why the chain is not an Attention."""
-        return standard_op_refusal(ctx, "Attention", 23) or self.plan(ctx, match)
+        refusal = standard_op_refusal(ctx, "Attention", 23)
+        if refusal:
+            return refusal
+        plan = self.plan(ctx, match)
+        return plan if isinstance(plan, str) else self.mask_refusal(match) or plan
+
+    def mask_refusal(self, match: Match) -> str | None:
+        """The op's attn_mask is 2-D to 4-D with a row per query (onnxruntime's kernel broadcasts it over the
+        batch and the heads only): a mask added to the scores any other way (a scalar bias, a padding row
+        (..., 1, keys) of static shape) stays out of the op."""
+        if not self.masks:
+            return None
+        shape = tuple(match.value("mask0").shape)
+        if self.masks == 2:
+            shape = broadcast(shape, tuple(match.value("mask1").shape))
+        queries = match.value("q").shape[2]
+        rows = shape[-2] if len(shape) >= 2 else None
+        # A symbolic row count is taken as the queries' (the Add gives the scores' shape, so it is 1 or that);
+        # a static one must be it.
+        if not 2 <= len(shape) <= 4 or (isinstance(rows, int) and rows != queries):
+            return (f"the mask added to the scores of {describe(match.node('qk'))} has shape {list(shape)}, not a "
+                    f"row per query ({queries}) in 2 to 4 dims as the Attention op's attn_mask")
+        return None
 
     def plan(self, ctx: PassContext, match: Match) -> float | str:
         qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
@@ -178,11 +215,19 @@ class ScaledDotProduct(Rule):
             mask = match.value(f"mask{i}")
             if mask.dtype != q.dtype or mask.shape is None or len(mask.shape) > 4:
                 return f"the mask {mask.name!r} is not a float tensor of rank 4 at most"
+        if self.nan_guard and scalar(match.value("zero")) != 0.0:
+            return f"{describe(match.node('guard'))} does not set the weights that are NaN to 0"
         if self.scale == "none":
             return 1.0
         c = scalar(match.value("c"))
         if c is None or c == 0:
             return f"the scale {match.value('c').name!r} of {describe(match.node('scale'))} is not a nonzero constant"
+        if self.scale in ("split", "split_shared"):
+            cq = scalar(match.value("cq" if self.scale == "split" else "c"))
+            if cq is None or cq == 0:
+                return (f"the scale {match.value('cq').name!r} of {describe(match.node('q_scale'))} is not a nonzero "
+                        f"constant")
+            return cq * c
         return c if self.scale == "mul" else 1.0 / c
 
     def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
