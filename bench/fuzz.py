@@ -11,10 +11,12 @@ level (0, 1, 2), with a random valid place list, portable or not, and both model
 An outcome is ``ok``; ``refused`` (a user-facing error; counted, with the reason); ``invalid`` (the generated
 graph does not run on onnxruntime: a bug of the generator, counted); or a failure: ``crash`` (an internal
 error, or a user error caused by one), ``unloadable`` (the output no longer loads), ``mismatch`` (outputs
-differ: element type, shape, or values beyond rtol 1e-4 / atol 1e-4; with an fp16 place, beyond fp16's
-rounding at the output's magnitude), ``timeout``. A failing graph is shrunk (graph outputs dropped, nodes cut
-into graph inputs or bypassed, while it still fails the same way) and saved, with how to reproduce it, as a
-regression test under tests/engine/fuzz_regressions/ (``--save``).
+differ: element type, shape, or values beyond rtol 1e-4 / atol 1e-4, plus, for a model with fp16 values on
+fp32 places, twice what computing them in fp32 moves; with an fp16 place, beyond fp16's rounding at the output's
+magnitude; an output that widens an fp16 value by Cast holding an element that is no fp16 value), ``timeout``.
+A failing graph is shrunk (graph outputs dropped, nodes cut into graph inputs or bypassed, while it still fails
+the same way) and saved, with how to reproduce it, as a regression test under tests/engine/fuzz_regressions/
+(``--save``).
 
 Usage: python bench/fuzz.py --graphs 10000 --seed 1 [--jobs 2] [--save] [--only INDEX] [--show]
 """
@@ -720,11 +722,42 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
     except Exception as exc:
         return "mismatch", _short(f"onnxruntime cannot run the output: {exc}")
     in_fp16 = _session(_fp16_everywhere(model)).run(None, feeds) if half else [None] * len(expected)
-    for k, (e, a, h) in enumerate(zip(expected, actual, in_fp16)):
-        why = compare(np.asarray(e), np.asarray(a), half, None if h is None else np.asarray(h))
+    in_fp32 = _run_in_fp32(model, feeds) if not half else [None] * len(expected)
+    widened = _widened_fp16(model)
+    for k, (e, a, h, w) in enumerate(zip(expected, actual, in_fp16, in_fp32)):
+        why = compare(np.asarray(e), np.asarray(a), half, None if h is None else np.asarray(h),
+                      None if w is None else np.asarray(w), fp16_values=model.graph.output[k].name in widened)
         if why:
             return "mismatch", f"output {k} ({model.graph.output[k].name}): {why}"
     return "ok", ""
+
+
+def _widened_fp16(model) -> set[str]:
+    """Outputs that widen an fp16 value by Cast / Identity through float and double only (fp16 -> float ->
+    double): the input model holds fp16 values there, so the optimized one must too. Computing the fp16 values
+    in fp32 (fp32 places) is allowed, within what that moves them; skipping the model's rounding to fp16 where
+    they leave their type is not: an integer Cast or a comparison would then see digits the model never had."""
+    import onnx
+    from onnx import TensorProto
+
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - without types, none is known to be fp16
+        return set()
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)
+             if v.type.HasField("tensor_type")}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    producers = {name: node for node in graph.node for name in node.output}
+    wider = (TensorProto.FLOAT, TensorProto.DOUBLE)
+    found = set()
+    for output in graph.output:
+        name = output.name
+        while (types.get(name) in wider and name in producers and producers[name].input
+               and producers[name].op_type in ("Cast", "Identity") and producers[name].domain in ("", "ai.onnx")):
+            name = producers[name].input[0]
+            if types.get(name) == TensorProto.FLOAT16:
+                found.add(output.name)
+    return found
 
 
 def _does_not_verify(exc: BaseException) -> bool:
@@ -772,14 +805,84 @@ def _fp16_everywhere(model) -> bytes:
     return model.SerializeToString()
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, half: bool, in_fp16: np.ndarray | None = None) -> str | None:
+def _fp32_everywhere(model) -> bytes | None:
+    """The input model with every fp16 value, constant and Cast to fp16 made fp32 (subgraphs too), or None when
+    it has none: the same computation done in fp32, as fp32 places run an fp16 model (kernel pick takes its
+    fp16 values through a calib into fp32 kernels, and a Cast back to fp32 then converts nothing). How far
+    its outputs are from the fp16 ones is how far fp16 itself moves them; the mirror of _fp16_everywhere."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    half, single = TensorProto.FLOAT16, TensorProto.FLOAT
+    model = onnx.shape_inference.infer_shapes(model)
+    changed = [False]
+
+    def tensor(t) -> None:
+        if t.data_type == half:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+            changed[0] = True
+
+    def value(v) -> None:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == half:
+            v.type.tensor_type.elem_type = single
+            changed[0] = True
+
+    def graph(g) -> None:
+        for v in (*g.input, *g.output, *g.value_info):
+            value(v)
+        for t in g.initializer:
+            tensor(t)
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == half:
+                    attr.i, changed[0] = single, True
+                if attr.HasField("t"):
+                    tensor(attr.t)
+                for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    graph(body)
+
+    graph(model.graph)
+    return model.SerializeToString() if changed[0] else None
+
+
+def _run_in_fp32(model, feeds: dict) -> list:
+    """The outputs of the input model computed in fp32 (``_fp32_everywhere``), or Nones when it holds no fp16
+    or that model does not run (then nothing is allowed beyond rtol / atol)."""
+    nones = [None] * len(model.graph.output)
+    try:
+        widened = _fp32_everywhere(model)
+        if widened is None:
+            return nones
+        session = _session(widened)
+        wanted = {i.name for i in session.get_inputs()}
+        return session.run(None, {k: v.astype(np.float32) if v.dtype == np.float16 else v
+                                  for k, v in feeds.items() if k in wanted})
+    except Exception:  # noqa: BLE001 - no fp32 reference: the plain comparison
+        return nones
+
+
+def compare(expected: np.ndarray, actual: np.ndarray, half: bool, in_fp16: np.ndarray | None = None,
+            in_fp32: np.ndarray | None = None, *, fp16_values: bool = False) -> str | None:
     """Whether ``actual`` is ``expected``, within rtol / atol; with an fp16 place (``half``), within fp16's
     rounding at the element's and the output's magnitude, and, where ``in_fp16`` (the input model computed
-    with its values stored in fp16) is given, within twice what fp16 itself moved each element."""
+    with its values stored in fp16) is given, within twice what fp16 itself moved each element. Without an
+    fp16 place, where ``in_fp32`` (an input model that computes in fp16, computed in fp32) is given, also
+    within twice what computing in fp32 moved each element: fp32 places compute the model's fp16 values in
+    fp32, which rounds them less, not differently in kind. With ``fp16_values`` (the output widens an fp16
+    value by Cast: the input holds fp16 values there) every float of ``actual`` must be an fp16 value too:
+    one that is not lost the model's rounding to fp16."""
     if expected.dtype != actual.dtype:
         return f"element type {actual.dtype} instead of {expected.dtype}"
     if expected.shape != actual.shape:
         return f"shape {list(actual.shape)} instead of {list(expected.shape)}"
+    if fp16_values and actual.dtype.kind == "f" and actual.size:
+        a = actual.astype(np.float64).reshape(-1)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lost = np.isfinite(a) & (a.astype(np.float16).astype(np.float64) != a)
+        if lost.any():
+            first = int(np.flatnonzero(lost)[0])
+            return (f"{int(lost.sum())} of {a.size} elements are not fp16 values, although the output widens "
+                    f"an fp16 value (first at {first}: {a[first]!r})")
     if expected.size == 0 or expected.dtype.kind not in "fiub":
         return None if np.array_equal(expected, actual) else "values differ"
     if half and expected.dtype.kind in "iu":  # integers cast from fp16 values: one either side, or fp16's error
@@ -802,6 +905,14 @@ def compare(expected: np.ndarray, actual: np.ndarray, half: bool, in_fp16: np.nd
             close = same | (np.abs(e - a) <= allowed) | (out_of_range if half else False)
         else:
             close = same | (np.abs(e - a) <= RTOL * np.abs(e) + ATOL)
+            if in_fp32 is not None and in_fp32.shape == e.shape:
+                w = in_fp32.astype(np.float64)
+                moved = np.abs(w - e)
+                finite = np.isfinite(moved)
+                # where fp16 overflowed (or made a NaN) and fp32 did not, the fp32 result itself is expected
+                as_fp32 = (w == a) | (np.abs(w - a) <= RTOL * np.abs(w) + ATOL)
+                close |= np.where(finite, np.abs(e - a) <= RTOL * np.abs(e) + ATOL + 2 * np.where(finite, moved, 0),
+                                  as_fp32)
     if bool(np.all(close)):
         return None
     bad = np.flatnonzero(~close.reshape(-1))

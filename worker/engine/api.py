@@ -28,6 +28,7 @@ from worker.engine.sample_shapes import first_choice, graph_specs, has_open_dims
 from worker.engine.options import OptimizeOptions
 from worker.engine.passes import REGISTRY, PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
+from worker.engine.passes.support.casts import widens_fp16
 from worker.engine.passes.pipelines import all_pipelines, get_pipeline, pass_names
 from worker.engine.passes.place.support_check import KERNEL_PICK, kernel_pick_will_run, placement_support
 from worker.engine.kernels import default_table
@@ -61,9 +62,11 @@ def validate_options(options: OptimizeOptions) -> ValidPlaces:
     return places
 
 
-def tolerances(options: OptimizeOptions, places: ValidPlaces) -> tuple[float, float]:
-    """The user's tolerances, or defaults: looser when any place or the weights are fp16."""
-    half = options.fp16_storage or any(p.precision is Precision.FP16 for p in places)
+def tolerances(options: OptimizeOptions, places: ValidPlaces, widens_fp16: bool = False) -> tuple[float, float]:
+    """The user's tolerances, or defaults: looser when any place or the weights are fp16, or when the optimized
+    model computes in fp32 values the input computed in fp16 (``widens_fp16``: fp32 places on an fp16 model;
+    the input's outputs then carry fp16's rounding, the optimized model's do not)."""
+    half = options.fp16_storage or widens_fp16 or any(p.precision is Precision.FP16 for p in places)
     rtol, atol = (FP16_RTOL, FP16_ATOL) if half else (DEFAULT_RTOL, DEFAULT_ATOL)
     return (options.rtol if options.rtol is not None else rtol,
             options.atol if options.atol is not None else atol)
@@ -107,11 +110,11 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     # them; a cut model's inputs are other values, for which verification chooses its own.
     chunk_bytes = verify_chunk_bytes(input_bytes, limits)
     ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options, chunk_bytes=chunk_bytes,
-                                                             mapped_bytes=input_bytes)
+                                                             mapped_bytes=input_bytes, by_regions=bool(chunk_bytes))
     with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
         steps = (*cut_steps, *get_pipeline(options.pipeline).steps_for(options))
         trace = manager.run(ctx, steps)
-        rtol, atol = tolerances(options, places)
+        rtol, atol = tolerances(options, places, widens_fp16(ctx.model.graph))
         verification: dict[str, Any] | None = None
         # A cut model has the start values for inputs: the shapes given for inputs it lost do not apply.
         shapes = {k: v for k, v in options.input_shapes.items() if model.graph.value(k) is not None
@@ -123,10 +126,13 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                 shape_sets = ctx.sample_shapes["shapes"] if ctx.sample_shapes else None
                 data = output_path.with_name(output_path.name + ".data")
                 mapped = input_bytes + candidate.stat().st_size + (data.stat().st_size if data.exists() else 0)
+                # a large model is compared where it differs from the input (a cut one is not the input)
+                same = untouched_weights(model.graph) if chunk_bytes and not cut else None
                 verification = verify(str(reference), str(candidate), input_shapes=shapes,
                                       shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
                                       timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb,
-                                      chunk_bytes=chunk_bytes, mapped_bytes=mapped)
+                                      chunk_bytes=chunk_bytes, mapped_bytes=mapped, same_weights=same,
+                                      shapes_checked=bool((ctx.sample_shapes or {}).get("checked", True)))
                 if chunk_bytes:
                     verification["pieces_of_mb"] = chunk_bytes >> 20
                 if verification["passed"] is None and not options.allow_unverified:
@@ -300,13 +306,30 @@ def verify_chunk_bytes(input_bytes: int, limits) -> int:
     return 0
 
 
+def untouched_weights(graph) -> dict[str, tuple[str, int, int]]:
+    """The weights the optimizer left as they were loaded, by where their bytes are in the input model's
+    files (``regions.weight_key``): verification by regions need not compare them."""
+    from worker.engine.regions import weight_key
+
+    found = {}
+    for value in graph.initializers.values():
+        key = weight_key(value)
+        if key is not None:
+            found[value.name] = key
+    return found
+
+
 def sample_input_shapes(model, model_path: Path, options: OptimizeOptions, *, chunk_bytes: int = 0,
-                        mapped_bytes: int = 0) -> dict[str, Any] | None:
+                        mapped_bytes: int = 0, by_regions: bool = False) -> dict[str, Any] | None:
     """Shapes for the input dims the user left open, or None when there are none: chosen by running the
-    input model (``choose_shapes``) when verification is on, else the first choice untried."""
+    input model (``choose_shapes``) when verification is on, else the first choice untried. ``by_regions``:
+    verification compares regions, which a run of the whole model would take longer than (the first choice
+    and its batch-2 twin, untried; should the regions not do, verification chooses again on the whole)."""
     specs = graph_specs(model.graph)
     if not has_open_dims(specs, options.input_shapes):
         return None
+    if options.verify and by_regions:
+        return first_choice(specs, options.input_shapes, second_batch=True)
     if options.verify:
         chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
                                memory_mb=options.limits.verify_memory_mb, chunk_bytes=chunk_bytes,

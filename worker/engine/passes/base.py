@@ -142,6 +142,10 @@ class PassContext:
     #: Names of nodes that must not compute in fp16 (auto mixed precision pins them after verification failed
     #: in fp16): kernel pick drops their fp16 candidates, taking fp16 inputs in fp32 through a calib.
     pinned_fp32: frozenset[str] = frozenset()
+    #: Names of values the input model declares fp16 that their kernel computes in fp32 (recorded by
+    #: variable_place_inference as it changes their dtype): they hold what fp16 would have rounded, so a
+    #: consumer whose result is no longer widened (a Cast, a comparison) reads them rounded to fp16 first.
+    widened: set[str] = field(default_factory=set)
     #: The passes the manager was asked to run in this run, in order (a pass may ask whether a later one,
     #: such as kernel pick, will run; ``skip_reason`` says whether it would be skipped).
     planned_passes: tuple[str, ...] = ()

@@ -149,7 +149,7 @@ class PassManager:
     def _run_journaled(self, ctx: PassContext, pass_: Pass, entry: dict[str, Any]) -> PassResult | None:
         """Run the pass in an edit journal; None when it failed soft (its edits undone, ``entry`` says why)."""
         journal = Journal(ctx.model)
-        report, fetch_places = dict(ctx.report), dict(ctx.fetch_places)
+        report, fetch_places, widened = dict(ctx.report), dict(ctx.fetch_places), set(ctx.widened)
         try:
             with journal:
                 return pass_.run(ctx) or PassResult()
@@ -164,6 +164,8 @@ class PassManager:
             ctx.report.update(report)
             ctx.fetch_places.clear()
             ctx.fetch_places.update(fetch_places)
+            ctx.widened.clear()
+            ctx.widened.update(widened)
             self.failures.append(failure)
             entry["failed"] = failure.to_dict()
             return None

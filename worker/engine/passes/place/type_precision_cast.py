@@ -4,11 +4,18 @@
     w (fp32 weight) -> Conv (arm fp16)     ->  w16 (a float16 initializer) -> Conv      (folded offline)
     DQ -> Conv -> Q  (Conv on int8)        ->  QLinearConv                             (Q/DQ absorbed)
     y (fp16) -> graph output               ->  y -> calib(to=float) -> output, under the output's name
+    y (fp16 computed in fp32) -> Cast      ->  y -> calib(to=float16) [-> calib(to=float)] -> Cast
 
 Calibs convert between fp32 and fp16 only; int8 comes only from the model's own quantization parameters
 (QuantizeLinear / DequantizeLinear), whose pairs around an int8 kernel are absorbed into it. One calib per
 (value, precision), shared by all consumers; one converted copy per (weight, precision). A value an If, Loop
 or Scan body reads from outside gets its calib before that node (bodies run in their own types).
+
+A value the model declares fp16 that an fp32 kernel computes (``PassContext.widened``) holds more than fp16
+does; that is harmless while its consumers' results stay widened too (an fp16 graph output gets its calib
+back), but a consumer whose result leaves the fp16 value's type (a Cast to float or int, a comparison,
+ArgMax) would compute from digits the model never had: it reads the value rounded to fp16 (and back to fp32
+where its kernel declares fp32, a round trip type_cast_cleanup keeps). Shape and Size read no values.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from worker.engine.kernels.pick import Pick
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support import qdq
-from worker.engine.passes.support.casts import (cast_kernel, consumer_slots, converted_constant, find_shared,
+from worker.engine.passes.support.casts import (cast_kernel, cast_kind, consumer_slots, converted_constant, find_shared,
                                                 insert_cast, np_dtype, redirect_output, to_fp16)
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, place_outputs
 from worker.engine.places import Layout, Place, Precision, get_target, precision_of_dtype
@@ -46,6 +53,29 @@ def calibrated(ctx: PassContext, value: Value, precision: Precision, target: str
     kernel = cast_kernel(ctx.kernels, "calib", target, f"{source.value}_to_{precision.value}")
     return insert_cast(graph, value, "calib", attributes, place, kernel, before=before, dtype=dtype,
                        shape=value.shape, portable=ctx.options.portable)
+
+
+#: Ops that read only their input's shape, never its values.
+_SHAPE_READERS = frozenset({"Shape", "Size"})
+
+
+def _source(value: Value) -> Value:
+    """The value ``value`` copies: io_copy and layout casts change where it lives, not its numbers."""
+    while value.producer is not None and cast_kind(value.producer) in ("io_copy", "layout"):
+        value = value.producer.input(0)
+    return value
+
+
+def ends_widening(ctx: PassContext, node: Node, value: Value) -> bool:
+    """``value`` is an fp16 value computed in fp32 and ``node`` makes from it a result that is not widened:
+    the model's fp16 rounding would be lost in it."""
+    if not ctx.widened or value.place is None or value.place.precision is not Precision.FP32:
+        return False
+    if node.domain == "" and node.op_type in _SHAPE_READERS:
+        return False
+    if _source(value).name not in ctx.widened:
+        return False
+    return not any(out.name in ctx.widened for out in node.outputs if out is not None)
 
 
 def absorb_quantized(graph: Graph) -> int:
@@ -92,6 +122,14 @@ def type_precision_cast(ctx: PassContext) -> PassResult:
     for node, slot, value in consumer_slots(graph):
         port = node.pick.input(slot)
         wanted, target = port.precision, port.target
+        if ends_widening(ctx, node, value) and wanted is not Precision.FP16:
+            rounded = calibrated(ctx, value, Precision.FP16, target, node, cache)
+            if wanted is Precision.FP32:
+                rounded = calibrated(ctx, rounded, Precision.FP32, target, node, cache)
+            node.set_input(slot, rounded)
+            graph.remove_unused([value])
+            result.rewrote({"value": value.name, "to": "fp16 (rounded)", "consumer": node.name})
+            continue
         current = value.place.precision if value.place is not None else None
         if current is None or Precision.ANY in (wanted, current) or wanted is current:
             continue
