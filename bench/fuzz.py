@@ -13,7 +13,8 @@ graph does not run on onnxruntime: a bug of the generator, counted); or a failur
 error, or a user error caused by one), ``unloadable`` (the output no longer loads), ``mismatch`` (outputs
 differ: element type, shape, or values beyond rtol 1e-4 / atol 1e-4, plus, for a model with fp16 values on
 fp32 places, twice what computing them in fp32 moves; with an fp16 place, beyond fp16's rounding at the output's
-magnitude; an output that widens an fp16 value by Cast holding an element that is no fp16 value), ``timeout``.
+magnitude; an output that widens an fp16 value by Cast holding an element that is no fp16 value), ``unsettled``
+(a fixed point of passes stopped at its cap while still rewriting: rewrites undoing each other), ``timeout``.
 A failing graph is shrunk (graph outputs dropped, nodes cut into graph inputs or bypassed, while it still fails
 the same way) and saved, with how to reproduce it, as a regression test under tests/engine/fuzz_regressions/
 (``--save``).
@@ -45,7 +46,7 @@ from bench.pool import Pool  # noqa: E402
 
 REGRESSIONS = REPO / "tests" / "engine" / "fuzz_regressions"
 OPSET = 18
-FAILURES = frozenset({"crash", "unloadable", "mismatch", "timeout"})
+FAILURES = frozenset({"crash", "unloadable", "mismatch", "unsettled", "timeout"})
 #: Place lists a run is optimized for (the host fallback is appended by the engine).
 PLACE_LISTS = ("x86/fp32/nchw", "arm/fp32/nchw", "arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw",
                "cuda/fp32/nchw", "cuda/fp16/nchw,cuda/fp32/nchw", "npu/int8/nchw,arm/fp32/nchw", "host/fp32/nchw")
@@ -702,7 +703,7 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
     try:
         # With an fp16 place, as a user runs it: verified, so auto mixed precision keeps in fp32 what fp16
         # cannot compute; a model it cannot make verify is a mismatch, never a refusal.
-        optimize(source, target, OptimizeOptions(verify=half, **options))
+        report = optimize(source, target, OptimizeOptions(verify=half, **options))
     except Exception as exc:  # noqa: BLE001 - every exception is classified
         if half and _does_not_verify(exc):
             return "mismatch", _short(f"verification: {exc}", 500)
@@ -729,6 +730,9 @@ def check(model, options: dict, workdir: Path, seed: int = 0) -> tuple[str, str]
                       None if w is None else np.asarray(w), fp16_values=model.graph.output[k].name in widened)
         if why:
             return "mismatch", f"output {k} ({model.graph.output[k].name}): {why}"
+    unsettled = [w["message"] for w in report.get("warnings") or [] if w.get("kind") == "not_converged"]
+    if unsettled:  # a fixed point stopped at its cap: rewrites undoing each other (or one that never ends)
+        return "unsettled", _short(unsettled[0])
     return "ok", ""
 
 

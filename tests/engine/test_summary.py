@@ -7,6 +7,7 @@ import pytest
 
 from tests.conftest import CORPUS
 from worker.engine.cli import main
+from worker.engine.memory.liveness import VIEW_OPS
 from worker.engine.summary import build_summary, render_summary
 
 CLS = CORPUS / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -55,9 +56,12 @@ def test_the_summary_accounts_for_every_node_before_and_after(cls_run):
 def test_the_classifier_has_no_host_fallback_since_arm_runs_its_fused_ops(cls_run):
     # FusedConvHardSigmoid once fell back to host (no ARM kernel of its own); ARM now runs it because it runs
     # Conv, Mul, Add and Clip in fp16 (a kernel derived from the body). What is left on host is there by the
-    # placement plan's choice (a listed place could run it, the casts around it there cost more), and says so.
+    # placement plan's choice (a listed place could run it, the casts around it there cost more), and says so,
+    # or a view ARM's table leaves to the host (as Paddle-Lite runs reshape on host kernels over ARM memory).
     fallbacks = cls_run["summary"]["host_fallbacks"]
-    assert all(f["kind"] == "plan" and f["user_place_possible"] == f["nodes"] for f in fallbacks), fallbacks
+    assert fallbacks and all((f["kind"] == "plan" and f["user_place_possible"] == f["nodes"])
+                             or (f["kind"] == "no kernel" and f["op"] in VIEW_OPS
+                                 and f["reason"] == f"no kernel for {f['op']} on arm") for f in fallbacks), fallbacks
     on_host = [n["node"] for n in cls_run["kernels"]["nodes"]
                if n["place"].startswith("host/") and n["op"] not in ("mirserve.layout", "mirserve.calib")]
     assert sorted(on_host) == sorted(e for f in fallbacks for e in f["examples"])

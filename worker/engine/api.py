@@ -189,8 +189,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
         "verification": verification,
         "memory": None,  # filled by the memory_plan pass when the pipeline runs it
         "plugins": catalog.list_plugins(),
-        "warnings": [{"kind": "pass_failed", "pass": f.pass_name, "message": f.message, **f.to_dict()}
-                     for f in manager.failures],
+        "warnings": manager.warnings(),
     }
     report.update(ctx.report)
     report["seconds"] = round(time.perf_counter() - started, 3)
@@ -409,8 +408,7 @@ def _support_report(ctx: PassContext, manager: PassManager, before: dict, places
     return {"version": __version__, "model": {"input": before, "output": None},
             "places": [str(p) for p in places], "pipeline": ctx.options.pipeline, "options": ctx.options.to_dict(),
             "trace": trace, "verification": None, "support": support,
-            "warnings": [{"kind": "pass_failed", "pass": f.pass_name, "message": f.message, **f.to_dict()}
-                         for f in manager.failures],
+            "warnings": manager.warnings(),
             "seconds": round(time.perf_counter() - started, 3)}
 
 

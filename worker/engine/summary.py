@@ -22,6 +22,7 @@ import io
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
+from worker.engine.memory.liveness import is_view_op
 from worker.engine.places import HOST
 
 #: Cast ops of the ``mirserve`` domain: never counted as fallbacks, counted by kind instead.
@@ -163,7 +164,11 @@ def _host_fallbacks(nodes: Iterable[Mapping[str, Any]], user_targets: set[str],
                 kind, possible = "plan", True
                 reason = (f"the placement plan chose the host: {_join(sorted(user_targets))} could run it, but the "
                           f"casts around it there cost more")
-        if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc") and kind not in ("plan", "pick"):
+        # a view no listed target registers (ARM leaves Reshape/Flatten to the host, as Paddle-Lite does) is
+        # where the same op of the input model would be: no place was lost to the rewrite that made it
+        made_view = is_view_op(op, "") and kind == "no kernel"
+        if ops_before and op not in ops_before and not op.startswith("mirserve.Nhwc") and kind not in ("plan", "pick") \
+                and not made_view:
             kind, reason = "rewrite", f"a rewrite made {op}: {reason}"
         group = groups.setdefault((kernel_op, place, kind), {"names": [], "reason": reason, "possible": 0})
         group["names"].append(str(node.get("node")))

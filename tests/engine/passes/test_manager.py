@@ -126,9 +126,15 @@ def test_fixed_point_stops_when_nothing_changes_or_at_the_cap():
     assert trace[-1] | timing == {"pass": "group", "kind": "fixed_point", "origin": "built-in", **timing,
                                   "skipped": None, "rewrites": 3, "iterations": 4, "converged": True,
                                   "max_iterations": 10}
-    trace = PassManager(reg).run(context(), [FixedPoint("loop", ("forever",), max_iterations=5)])
+    manager = PassManager(reg)
+    trace = manager.run(context(), [FixedPoint("loop", ("shrink", "forever"), max_iterations=5)])
     assert trace[-1]["iterations"] == 5 and trace[-1]["converged"] is False
-    assert [e.get("iteration") for e in trace[:-1]] == [1, 2, 3, 4, 5]
+    assert [e.get("iteration") for e in trace[:-1] if e["pass"] == "forever"] == [1, 2, 3, 4, 5]
+    # a group stopped at its cap is a warning in the report, naming the passes still rewriting at the end
+    [warning] = manager.warnings()
+    assert warning["kind"] == "not_converged" and warning["group"] == "loop" and warning["passes"] == ["forever"]
+    assert "were still rewriting after 5 iterations of loop" in warning["message"]
+    assert PassManager(reg).warnings() == []
 
 
 def test_a_failing_pass_is_named_when_strict():

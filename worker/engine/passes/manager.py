@@ -76,6 +76,9 @@ class PassManager:
         self._stale: dict[Analysis, str] = {}
         #: Passes that failed (and were undone) in this run, in order.
         self.failures: list[PassFailure] = []
+        #: Fixed-point groups that stopped at their iteration cap while still rewriting, with the passes that
+        #: rewrote in the last iteration (two rewrites undoing each other, or one that never stops).
+        self.unconverged: list[dict[str, Any]] = []
 
     def run(self, ctx: PassContext, steps: Sequence[Step]) -> list[dict[str, Any]]:
         """Run the steps in order; returns (and keeps in ``self.trace``) the trace entries."""
@@ -103,10 +106,12 @@ class PassManager:
         converged = False
         while iterations < group.max_iterations:
             iterations += 1
-            rewrites = 0
+            rewrites, rewriting = 0, []
             for name in group.steps:
                 entry = self._run_one(ctx, self.registry.get(name), iteration=iterations)
                 rewrites += entry["rewrites"]
+                if entry["rewrites"]:
+                    rewriting.append(name)
             total += rewrites
             if rewrites == 0:
                 converged = True
@@ -116,6 +121,19 @@ class PassManager:
             "seconds": round(time.perf_counter() - started, 6), "skipped": None, "rewrites": total,
             "iterations": iterations, "converged": converged, "max_iterations": group.max_iterations,
         })
+        if not converged:
+            self.unconverged.append({"group": group.name, "iterations": iterations, "passes": rewriting})
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """The run's warnings for the report: passes that failed soft, groups that did not converge."""
+        found = [{"kind": "pass_failed", "pass": f.pass_name, "message": f.message, **f.to_dict()}
+                 for f in self.failures]
+        for group in self.unconverged:
+            found.append({"kind": "not_converged", **group, "message": (
+                f"the passes {', '.join(group['passes'])} were still rewriting after {group['iterations']} "
+                f"iterations of {group['group']}, where the group stops: the model is valid, but some rewrites "
+                f"may be undoing each other")})
+        return found
 
     def _restore_types(self, ctx: PassContext, pass_: Pass | None, iteration: int | None) -> None:
         """Run type inference before ``pass_`` (None: the end of the run) if it requires types and an earlier

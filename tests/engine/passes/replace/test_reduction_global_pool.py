@@ -8,8 +8,10 @@ from onnx import helper
 from tests.conftest import tensor, vinfo
 from tests.engine.passes.fuse.builders import inferred_model
 from tests.engine.passes.fuse.harness import optimize
+from worker.engine.passes import FixedPoint
 
 PASS = "reduction_global_pool_replace"
+ARM = "arm/fp16/nhwc,arm/fp32/nchw"
 
 
 def reduce(op, x, out, axes, opset, keepdims=1, name=None):
@@ -51,15 +53,38 @@ def test_three_d_spatial(tmp_path):
 
 
 @pytest.mark.parametrize("opset", [11, 18])
-@pytest.mark.parametrize("x_shape", [(1, 3, 5, 4), (2, 3, 7)])
-def test_keepdims_zero_pools_then_flattens(tmp_path, opset, x_shape):
+@pytest.mark.parametrize("x_shape", [(1, 3, 5, 4), (2, 6, 1, 7)])
+def test_keepdims_zero_pools_then_flattens_where_pooling_has_the_better_place(tmp_path, opset, x_shape):
     """ReduceMean(keepdims=0) over the spatial dims is global pooling whose 1x1 dims a Flatten drops (ncnn's
-    global pooling writes the flat [N, C] itself); the harness compares the outputs on random inputs."""
+    global pooling writes the flat [N, C] itself), made only where pooling gets a better place (ARM pools in
+    fp16 NHWC, reduces in fp32 NCHW only); the harness compares the outputs on random inputs."""
     axes = list(range(2, len(x_shape)))
-    out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS])
+    out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS], places=ARM)
     assert out.ops == ["GlobalAveragePool", "Flatten"]
     flatten = out.node("Flatten")
     assert flatten.attr("axis") == 1 and flatten.output().shape == tuple(x_shape[:2])
+    # x86 reduces as well as it pools: the form with one node more gains nothing
+    out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS])
+    assert out.ops == ["ReduceMean"] and out.refused("nothing to gain")
+
+
+@pytest.mark.parametrize("places", [ARM, "x86/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "cuda/fp32/nchw"])
+@pytest.mark.parametrize("source", ["reduction", "pooling"])
+def test_the_rewrite_and_its_inverse_settle_on_one_form(tmp_path, places, source):
+    """eliminate_flatten_after_global_pooling turns pooling + Flatten back into the reduction: each refuses
+    where the other applies, so in one fixed point they settle (they once undid each other until the group's
+    cap, renaming the node each time), on the form whose first node has the better place."""
+    if source == "reduction":
+        proto = model([("ReduceMean", [2, 3], 0)], 13, x_shape=(1, 8, 6, 6))
+    else:
+        proto = inferred_model([helper.make_node("GlobalAveragePool", ["x"], ["p"], name="pool"),
+                                helper.make_node("Flatten", ["p"], ["y"], axis=1, name="flatten")],
+                               [vinfo("x", shape=[1, 8, 6, 6])], ["y"], opset=13)
+    group = FixedPoint("group", (PASS, "eliminate_flatten_after_global_pooling"))
+    out = optimize(tmp_path, proto, [group], places=places)
+    [fixed_point] = [e for e in out.trace if e["kind"] == "fixed_point"]
+    assert fixed_point["converged"] and fixed_point["iterations"] <= 2, fixed_point
+    assert out.ops == (["GlobalAveragePool", "Flatten"] if places == ARM else ["ReduceMean"])
 
 
 def test_keepdims_zero_between_two_reductions_and_partial_axes_are_refused(tmp_path):

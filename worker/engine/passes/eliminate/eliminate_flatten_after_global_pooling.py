@@ -7,16 +7,20 @@ reduction that drops the spatial axes.
 (ncnn's eliminate_flatten_after_global_pooling and eliminate_reshape_after_global_pooling: ncnn's global
 pooling already yields a flat vector; ONNX's keeps the unit axes, which the reduction drops.) The Reshape must
 give [N, C] (from type inference, or a target such as [0, -1], [N, -1] or [-1, C]); the pooled tensor must
-have no other reader. Axes are an attribute of ReduceMean/ReduceMax before opset 18, an input from it on.
-The same sums, in the same order: exact up to the runtime's reduction order.
+have no other reader; the reduction must get a place as good as the pooling's (placement_refusal: else
+reduction_global_pool_replace makes this pattern, and the two would undo each other). Axes are an attribute
+of ReduceMean/ReduceMax before opset 18, an input from it on. The same sums, in the same order: exact up to the runtime's reduction order.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from onnx import TensorProto
+
 from worker.engine.ir import Node, Value
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.operands import AXES_AS_INPUT_SINCE, int_list
+from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.shapes import same_dim
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
@@ -65,7 +69,16 @@ class FlattenAfterGlobalPooling(Rule):
             return "Reshape keeps its shape as an attribute before opset 5"
         if not flattens_to_rows(node, match.value("pooled")):
             return "it does not reshape to [N, C]"
-        return True
+        # the reduction must keep the pooling's place (ARM has pooling in fp16 NHWC, ReduceMean in fp32 NCHW
+        # only): where pooling's is better, reduction_global_pool_replace makes this very pattern instead
+        reduce_op, axes = POOL_TO_REDUCE[match.node("pool").op_type], list(range(2, source.rank))
+        if ctx.opset() >= AXES_AS_INPUT_SINCE[reduce_op]:
+            inputs, attributes = [source, constant_facts(TensorProto.INT64, (len(axes),))], {"keepdims": 0}
+        else:
+            inputs, attributes = [source], {"keepdims": 0, "axes": axes}
+        facts = planned_facts(reduce_op, "", ctx.opset(""), inputs, [match.value("y")], attributes,
+                              match.node("pool").name)
+        return placement_refusal(ctx, facts, match.nodes) or True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node:
         pool, source, graph = match.node("pool"), match.value("x"), match.graph

@@ -8,9 +8,12 @@ replace_reduction_with_global_pooling).
 
 Any rank >= 3 works (the spatial dims are 2..rank-1); axes come from the attribute or, from opset 18 (13 for
 ReduceSum, not used here), from the constant input. keepdims=0 drops the pooled 1x1 dims with a Flatten (ncnn's
-global pooling writes a flat blob, the same [N, C]); a view, so only the pooling's place is checked. It matters
-on places whose tables give pooling an NHWC or fp16 kernel and the reduction none (ARM: ReduceMean fp32 NCHW
-only): the layout cast then converts the pooled [N, C, 1, 1] instead of the whole feature map. keepdims=0 is
+global pooling writes a flat blob, the same [N, C]); a view, so only the pooling's place is checked. This form
+is eliminate_flatten_after_global_pooling's input, so it is made only where pooling gets a strictly better
+place than the reduction (placement_gain; that pass refuses exactly there), else the two would undo each other
+until their fixed point gave up. It matters on places whose tables give pooling an NHWC or fp16 kernel and the
+reduction none (ARM: ReduceMean fp32 NCHW only): the layout cast then converts the pooled [N, C, 1, 1] instead
+of the whole feature map. keepdims=0 is
 refused in the two-reduction form (the second's axes would be shifted). An input with a zero dim is refused:
 onnxruntime's global pooling fails on it, where the reduction runs.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.operands import axes_of
-from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
+from worker.engine.passes.support.placement import constant_facts, placement_gain, placement_refusal, planned_facts
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -71,6 +74,8 @@ class _ReduceRule(Rule):
         x = match.value("x")
         pooled = constant_facts(x.dtype, pooled_shape(x), constant=False) if drops_dims(first) else match.value("out")
         facts = planned_facts(GLOBAL[self.op], "", ctx.opset(""), [x], [pooled], {}, first.name)
+        if drops_dims(first):  # the inverse of eliminate_flatten_after_global_pooling: only for a better place
+            return placement_gain(ctx, facts, match.nodes) or True
         return placement_refusal(ctx, facts, match.nodes) or True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node | list[Node]:

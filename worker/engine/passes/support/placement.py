@@ -224,6 +224,23 @@ def placement_refusal(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]"
     return None
 
 
+def placement_gain(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]") -> str | None:
+    """Why a rewrite into ``new`` would gain no placement (a sentence), or None when the new node gets a
+    strictly better place than any node it replaces. For a rewrite that adds nodes and is worth it only for
+    the place (the inverse of another rewrite that simplifies): placement_refusal's non-strict test on one
+    side and this strict one on the other can never both allow, so the two cannot undo each other."""
+    if ctx.kernels is None:
+        return "no kernel tables to place it with"
+    mine = best_place(ctx, new)
+    theirs = [best_place(ctx, node_facts(node, node_opset(ctx.opset, node))) for node in replaced]
+    best = max((t for t in theirs if t is not None), default=None)
+    qualified = f"{new.domain}.{new.op}" if new.domain else new.op
+    if mine is None:
+        return f"no kernel of a valid place runs {qualified} here"
+    if best is not None and mine[0] <= best[0]:
+        return f"{qualified} would run on {mine[1]} at best, no better than {best[1]}: nothing to gain"
+    return None
+
 
 def planned_facts(op: str, op_domain: str, opset: int, inputs, outputs, attributes: Mapping[str, Any],
                   name: str = "") -> NodeFacts:
