@@ -1120,7 +1120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({1000 * elapsed / max(len(results), 1):.0f} ms per graph with {args.jobs} processes, "
           f"{1000 * sum(r.seconds for r in results) / max(len(results), 1):.0f} ms of work each): "
           + ", ".join(f"{counts[k]} {k}" for k in ("ok", "refused", "invalid", "crash", "unloadable", "mismatch",
-                                                    "timeout")))
+                                                    "unsettled", "timeout")))
     return 1 if failures else 0
 
 
