@@ -9,12 +9,12 @@ pooling already yields a flat vector; ONNX's keeps the unit axes, which the redu
 give [N, C] (from type inference, or a target such as [0, -1], [N, -1] or [-1, C]); the pooled tensor must
 have no other reader; the reduction must get a place as good as the pooling's (placement_refusal: else
 reduction_global_pool_replace makes this pattern, and the two would undo each other). Axes are an attribute
-of ReduceMean/ReduceMax before opset 18, an input from it on. The same sums, in the same order: exact up to the runtime's reduction order.
+of ReduceMean/ReduceMax before opset 18, an input from it on. The same sums, in the same order: exact up to
+the runtime's reduction order.
 """
 from __future__ import annotations
 
 import numpy as np
-
 from onnx import TensorProto
 
 from worker.engine.ir import Node, Value

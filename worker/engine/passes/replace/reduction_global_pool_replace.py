@@ -13,9 +13,9 @@ is eliminate_flatten_after_global_pooling's input, so it is made only where pool
 place than the reduction (placement_gain; that pass refuses exactly there), else the two would undo each other
 until their fixed point gave up. It matters on places whose tables give pooling an NHWC or fp16 kernel and the
 reduction none (ARM: ReduceMean fp32 NCHW only): the layout cast then converts the pooled [N, C, 1, 1] instead
-of the whole feature map. keepdims=0 is
-refused in the two-reduction form (the second's axes would be shifted). An input with a zero dim is refused:
-onnxruntime's global pooling fails on it, where the reduction runs.
+of the whole feature map. keepdims=0 is refused in the two-reduction form (the second's axes would be
+shifted). An input with a zero dim is refused: onnxruntime's global pooling fails on it, where the reduction
+runs.
 """
 from __future__ import annotations
 
