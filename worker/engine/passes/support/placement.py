@@ -206,14 +206,10 @@ def placement_refusal(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]"
     if ctx.kernels is None:
         return None
     mine = best_place(ctx, new)
-    worst = None  # the replaced node whose best place is the best: what the rewrite must keep
-    for node in replaced:
-        theirs = best_place(ctx, node_facts(node, node_opset(ctx.opset, node)))
-        if theirs is not None and (worst is None or theirs[0] > worst[1][0]):
-            worst = (node, theirs)
-    if worst is None:
+    kept = _best_replaced(ctx, replaced)  # what the rewrite must keep
+    if kept is None:
         return None
-    node, (score, place) = worst
+    node, (score, place) = kept
     qualified = f"{new.domain}.{new.op}" if new.domain else new.op
     if mine is None:
         return (f"no kernel of a valid place runs {qualified} here, while {node.op_type} {node.name} runs on "
@@ -232,14 +228,23 @@ def placement_gain(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]") -
     if ctx.kernels is None:
         return "no kernel tables to place it with"
     mine = best_place(ctx, new)
-    theirs = [best_place(ctx, node_facts(node, node_opset(ctx.opset, node))) for node in replaced]
-    best = max((t for t in theirs if t is not None), default=None)
+    kept = _best_replaced(ctx, replaced)
     qualified = f"{new.domain}.{new.op}" if new.domain else new.op
     if mine is None:
         return f"no kernel of a valid place runs {qualified} here"
-    if best is not None and mine[0] <= best[0]:
-        return f"{qualified} would run on {mine[1]} at best, no better than {best[1]}: nothing to gain"
+    if kept is not None and mine[0] <= kept[1][0]:
+        return f"{qualified} would run on {mine[1]} at best, no better than {kept[1][1]}: nothing to gain"
     return None
+
+
+def _best_replaced(ctx: "PassContext", replaced: "list[Node]") -> "tuple[Node, tuple[float, str]] | None":
+    """The replaced node whose best place scores highest, with that place; None when none has a place."""
+    found = None
+    for node in replaced:
+        theirs = best_place(ctx, node_facts(node, node_opset(ctx.opset, node)))
+        if theirs is not None and (found is None or theirs[0] > found[1][0]):
+            found = (node, theirs)
+    return found
 
 
 def planned_facts(op: str, op_domain: str, opset: int, inputs, outputs, attributes: Mapping[str, Any],
