@@ -17,28 +17,24 @@ from tests.engine.passes.mirserve_fuse.helpers import refusals, run_passes
 from worker.engine.api import optimize
 from worker.engine.errors import VerificationError
 from worker.engine.kernels.table import default_table
+from worker.engine.memory.liveness import is_view_op
 from worker.engine.options import OptimizeOptions
 
 PLACE_SETS = ("arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw", "npu/int8/nchw,arm/fp32/nchw")
 CASTS = ("mirserve.io_copy", "mirserve.calib", "mirserve.layout")
 
 
-#: Views (no arithmetic) that ARM's table leaves to the host, as Paddle-Lite runs reshape/flatten/squeeze on
-#: host kernels over the ARM memory: a rewrite that adds one (reduction_global_pool_replace's Flatten after an
-#: NHWC global pooling that replaced a host ReduceMean) moves no computation off the user's place.
-VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
-
-
 def host_nodes(report: dict) -> list[str]:
     """Nodes on host because no place the user listed runs them. Those the placement plan put there by choice
     (a listed place runs them, the casts around it cost more: fallback kind ``plan``) are the cost-optimal
     pick's decision, not placement a rewrite lost, and are left out; so are views no listed target registers
-    at all (VIEWS), which no rewrite took from a listed place."""
+    at all (ARM leaves Reshape/Flatten/Squeeze to the host, as Paddle-Lite does), which no rewrite took from
+    a listed place."""
     listed = [p.split("/")[0] for p in report["places"] if not p.startswith("host/")]
     return [n["node"] for n in report["kernels"]["nodes"]
             if (n["place"] or "").startswith("host/") and n["op"] not in CASTS
             and (n.get("fallback") or {}).get("kind") != "plan"
-            and not (n["op"] in VIEWS and not default_table().kernels(n["op"], "", targets=listed))]
+            and not (is_view_op(n["op"], "") and not default_table().kernels(n["op"], "", targets=listed))]
 
 
 def _run(model, tmp_path, places: str, level: int, verify: bool) -> dict:
