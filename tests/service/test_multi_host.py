@@ -62,6 +62,9 @@ def test_two_apis_and_three_workers_share_only_the_database_queue_and_bucket(sha
     common = {**settings, "engine": "tests.service.engines:delayed", "test_engine_delay": DELAY_SECONDS,
               "lease_seconds": 3, "heartbeat_seconds": 0.5, "reaper_interval_seconds": 0.5,
               "job_memory_mb": 1024, "poll_seconds": 0.05,
+              # the victim may die holding a message it took off the queue before claiming its job: the
+              # reaper resends the message of a job queued this long (default 600 s, the test's whole wait)
+              "requeue_after_seconds": 5,
               "job_nice": 0}  # the engine processes only sleep: at nice 10, other load on the machine starves them
     processes: list[ServiceProcess] = []
     began = time.monotonic()
