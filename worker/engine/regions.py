@@ -44,6 +44,10 @@ from worker.engine.chunked import ChunkedSession
 SMALL_WEIGHT = 1 << 20
 #: A node of the original's prefix reads no weight larger than this.
 PREFIX_WEIGHT = 4 << 20
+#: Initializers whose data shape inference is given: data propagation follows shape arithmetic (small integer
+#: tensors, scalars); the other weights are declared by type and shape only. Giving it every weight up to 4 MiB
+#: wrote BERT-base's 117 MB of projection matrices into the proto for each set of input shapes: 1.0 s of 1.05.
+SHAPE_DATA_BYTES = 32 << 10  # 4096 int64 values
 #: How many values a region may grow through before the walk gives up.
 GROWTH_LIMIT = 10_000
 
@@ -317,7 +321,7 @@ def _infer(session: ChunkedSession, shapes: Mapping[str, Sequence[int]]) -> dict
     for value in session.graph.initializers.values():  # types only: shape inference needs no data
         graph.input.append(helper.make_tensor_value_info(value.name, value.dtype, list(np.shape(value.const))
                                                          if value.shape is None else list(value.shape)))
-    small = [v for v in session.graph.initializers.values() if v.nbytes <= PREFIX_WEIGHT]
+    small = [v for v in session.graph.initializers.values() if v.nbytes <= SHAPE_DATA_BYTES]
     graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v.const), v.name) for v in small)
     for value in small:
         value.release_pages()
