@@ -225,9 +225,11 @@ def _qualified(node: Node) -> str:
 
 
 def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}, *, opset: int | None = None,
-                    functions: Mapping[tuple[str, str], object] | None = None) -> tuple[dict, GraphPlan]:
+                    functions: Mapping[tuple[str, str], object] | None = None,
+                    macs: bool = True) -> tuple[dict, GraphPlan]:
     """The report's ``memory`` section and the top-level plan behind it (``opset`` and the model's own
-    ``functions`` by (domain, name) let MACs be counted inside function bodies)."""
+    ``functions`` by (domain, name) let MACs be counted inside function bodies; ``macs=False`` leaves them
+    out, as None, for a plan only its arenas are wanted from)."""
     sizing = Sizing.from_bounds(graph, dim_bounds)
     plan = plan_graph(graph, sizing)
     arenas = [plan.arenas[space] for space in sorted(plan.arenas)]
@@ -236,7 +238,7 @@ def estimate_memory(graph: Graph, dim_bounds: Mapping[str, int] = {}, *, opset: 
         "weights_bytes": weights_by_space(graph, sizing),
         "io_bytes": io_bytes(graph, sizing),
         "paddle_lite_style_bytes": {a.space: a.paddle_lite_style_bytes for a in arenas},
-        "macs": macs_report(graph, sizing, opset, functions),
+        "macs": macs_report(graph, sizing, opset, functions) if macs else None,
         "unplanned": plan.unplanned + _io_unknown_entries(graph, sizing),
     }
     return section, plan
