@@ -147,6 +147,20 @@ def types_at(model: Model, shapes: Mapping[str, Sequence[int]], limits: Limits =
             _FROZEN.pop(key, None)
 
 
+@contextmanager
+def shapes_as(model: Model, found: Mapping[Value, Shape]) -> Iterator[None]:
+    """Within the block, each value of ``found`` has that shape (types at a size known without inferring
+    them: the memory plan's scaled shapes); on exit every shape is as before."""
+    saved = [(value, value.shape) for value in found]
+    try:
+        for value, shape in found.items():
+            value.shape = shape
+        yield
+    finally:
+        for value, shape in saved:
+            value.shape = shape
+
+
 #: Models inside ``types_at`` (by id), with the proto onnx's inference reads once it is written. The block only
 #: retypes values, so the nodes and small initializers stay as written; each use refreshes the top-level inputs'
 #: and outputs' types. The memory plan types a model at eight sizes, three inference rounds each, and writing the

@@ -10,6 +10,8 @@ from worker.engine.api import memory_at, optimize
 from worker.engine.errors import OptionsError
 from worker.engine.memory.formulas import Sample, fit_memory, formula_text, parse_dims
 from worker.engine.options import OptimizeOptions
+from worker.engine.passes.memory.memory_plan import ScaledShapes
+from tests.conftest import CORPUS
 
 
 def attention_like(point):
@@ -82,3 +84,57 @@ def test_a_dynamic_model_is_planned_at_its_sample_shapes_with_formulas_that_hold
     planned = static["arenas"][0]["arena_bytes"]
     assert abs(at["arenas"][0]["arena_bytes"] - planned) <= 0.05 * planned
     assert at["arenas"][0]["peak_bytes"] == static["arenas"][0]["lower_bound_bytes"]
+
+
+def _symbolic(path, tmp_path, monkeypatch=None, **options):
+    """The memory formulas of a run without verification; with ``monkeypatch``, every point typed by inference."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(ScaledShapes, "at", lambda self, point, trusted=True: None)
+    report = optimize(path, tmp_path / "out.onnx", OptimizeOptions(verify=False, **options))
+    return report["memory"]["symbolic"]
+
+
+def test_scaled_shapes_plan_the_fits_extra_points_as_inferring_types_there_would(tmp_path, monkeypatch):
+    """BERT's dims are all products of batch and seq: the extra fit points are planned from scaled shapes,
+    and every formula, fitted figure and check error is what typing each point by inference gives."""
+    path = CORPUS / "bert_small_dyn.onnx"
+    scaled = _symbolic(path, tmp_path)
+    assert scaled["scaled_at"], "no fit point was planned from scaled shapes"
+    inferred = _symbolic(path, tmp_path, monkeypatch)
+    assert inferred["scaled_at"] == []
+    assert {k: v for k, v in scaled.items() if k != "scaled_at"} == {k: v for k, v in inferred.items()
+                                                                      if k != "scaled_at"}
+
+
+def test_a_dim_that_is_not_a_product_of_the_open_dims_is_inferred_at_every_point(tmp_path):
+    """``seq + 1`` (a class token before the sequence) does not double with seq: nothing is scaled."""
+    model = parser.parse_model('''<ir_version: 8, opset_import: ["" : 18]>
+        g (float[batch, seq, 8] x, float[batch, 1, 8] c) => (float[batch, ?, 8] y) {
+            t = Concat <axis = 1> (c, x)
+            y = Relu (t)
+        }''')
+    onnx.save(model, tmp_path / "in.onnx")
+    symbolic = _symbolic(tmp_path / "in.onnx", tmp_path)
+    assert symbolic["scaled_at"] == []
+
+
+@pytest.mark.parametrize("seq, scaled", [(2, False), (16, True)])
+def test_scaled_shapes_are_used_only_where_the_check_points_confirm_them(tmp_path, monkeypatch, seq, scaled):
+    """Pooling by 4 windows (ceil): at seq=2 the pooled length is 1 at the base and doubled, so it looks
+    constant until the check at x3 (2 windows) refutes it, and every fit point is inferred; at seq=16 it is
+    seq / 4 at every multiple and the extra fit points are scaled. The formulas are the inferred ones."""
+    model = parser.parse_model('''<ir_version: 8, opset_import: ["" : 18]>
+        g (float[batch, 4, seq] x) => (float[batch, 4, ?] y, float[batch, 4, seq] z, float[batch, 4, 1] b,
+                                       float[1, 4, seq] s) <int64[1] first = {0}> {
+            y = MaxPool <kernel_shape = [4], strides = [4], ceil_mode = 1> (x)
+            z = Relu (x)
+            b = GlobalMaxPool (x)
+            s = ReduceMax <keepdims = 1> (x, first)
+        }''')  # sizes in batch*seq, batch and seq: the fit needs points beyond the doubled ones
+    onnx.save(model, tmp_path / "in.onnx")
+    found = _symbolic(tmp_path / "in.onnx", tmp_path, dim_bounds={"seq": seq})
+    assert found["base"]["seq"] == seq
+    assert bool(found["scaled_at"]) is scaled
+    inferred = _symbolic(tmp_path / "in.onnx", tmp_path, monkeypatch, dim_bounds={"seq": seq})
+    assert {k: v for k, v in found.items() if k != "scaled_at"} == {k: v for k, v in inferred.items()
+                                                                     if k != "scaled_at"}

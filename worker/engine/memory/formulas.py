@@ -40,15 +40,21 @@ class Sample:
     sizes: dict[str, int | None] = field(default_factory=dict)
 
 
-def fit_memory(plan_at: Callable[[dict[str, int]], Sample], base: Point) -> dict:
-    """Formulas for the arena and peak of each space and for the io bytes, over the dims of ``base``."""
+def fit_memory(plan_at: Callable[[dict[str, int]], Sample], base: Point,
+               plan_between: Callable[[dict[str, int]], Sample | None] | None = None) -> dict:
+    """Formulas for the arena and peak of each space and for the io bytes, over the dims of ``base``.
+
+    ``plan_at`` plans at the base, with each dim doubled and at the check points, in that order; the other
+    points the fit needs go to ``plan_between`` first, which may plan them at less cost (it has seen those
+    plans; it returns None where it cannot), else to ``plan_at``."""
     dims = list(base)
     cache: dict[tuple, Sample] = {}
 
-    def at(point: Point) -> Sample:
+    def at(point: Point, between: bool = False) -> Sample:
         key = tuple(point[d] for d in dims)
         if key not in cache:
-            cache[key] = plan_at(dict(point))
+            found = plan_between(dict(point)) if between and plan_between is not None else None
+            cache[key] = found if found is not None else plan_at(dict(point))
         return cache[key]
 
     doubled = [{**base, d: 2 * base[d]} for d in dims]
@@ -61,7 +67,8 @@ def fit_memory(plan_at: Callable[[dict[str, int]], Sample], base: Point) -> dict
         if point not in fit_points:
             fit_points.append(point)
     check_points = [{d: base[d] * f for d in dims} for f in CHECK_FACTORS]
-    fitted, checked = [at(p) for p in fit_points], [at(p) for p in check_points]
+    checked = [at(p) for p in check_points]
+    fitted = [at(p, between=p != base and p not in doubled) for p in fit_points]
     spaces = sorted({s for sample in fitted for s in sample.arena})
     result = {"dims": dims, "base": dict(base), "spaces": {}, "planned_at": fit_points, "checked_at": check_points}
     for space in spaces:
