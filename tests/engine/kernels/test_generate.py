@@ -29,6 +29,31 @@ def test_x86_table_covers_every_cpu_kernel_onnxruntime_registers():
     assert onnxruntime.__version__ in committed("x86")["source"]
 
 
+def test_x86_table_runs_every_element_type_onnxruntime_registers():
+    """A registration over every type (Concat, Transpose, Slice, Split, Clip) is one ``any`` kernel over all of
+    them: the float ones were once dropped, so float data movement fell back to the host on x86."""
+    from worker.engine.kernels import ports as P
+
+    entries: dict[tuple, list[dict]] = {}
+    for item in committed("x86")["kernels"]:
+        entries.setdefault((item["domain"], item["op"], item["since"]), []).append(item)
+    missing = []
+    for kdef in C.get_all_opkernel_def():
+        if kdef.provider != "CPUExecutionProvider":
+            continue
+        since = kdef.version_range[0]
+        sig = generate.signature_at(kdef.op_name, kdef.domain, since)
+        primary = P.primary_param(sig, kdef.op_name) if sig is not None else None
+        if primary is None:
+            continue
+        for name in filter(None, (P.element_name(t) for t in dict(kdef.type_constraints).get(primary, ()))):
+            precision = P.TYPE_PRECISION.get(name, "any")
+            if not any(e["precision"] == precision or (e["precision"] == "any" and name in (e.get("types") or [name]))
+                       for e in entries.get((kdef.domain, kdef.op_name, since), [])):
+                missing.append(f"{kdef.domain}.{kdef.op_name}@{since}:{name}")
+    assert missing == []
+
+
 @pytest.mark.parametrize("target", ["host", "arm", "cuda", "opencl", "npu"])
 def test_committed_table_matches_its_source(target):
     assert committed(target) == json.loads(generate.render(generate.BUILDERS[target]()))

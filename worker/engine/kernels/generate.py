@@ -233,7 +233,10 @@ def _x86_entries(domain: str, op: str, since: int, until: int | None, kdefs: lis
         for precision in concrete + ([ANY] if rest or not primary_types else []):
             slot = by_precision.setdefault(precision, {})
             for param, types in names.items():
-                if param == primary:
+                # a registration of one precision (and types without one, the ``any`` kernel's) is split by
+                # precision; a type-generic one (Concat, Transpose, Slice over every type) is one ``any``
+                # kernel over all of its types
+                if param == primary and concrete:
                     types = [t for t in types if (P.TYPE_PRECISION.get(t, ANY) == precision)]
                 slot.setdefault(param, [])
                 slot[param].extend(t for t in types if t not in slot[param])

@@ -52,3 +52,28 @@ def test_a_kernel_of_the_right_precision_in_another_layout_is_a_layout_miss():
     kinds = {k.id: _refusal_kind(k, "", user) for k in default_table().kernels("Conv", targets=["arm"], opset=17)
              if k.layout.value == "nchw"}
     assert kinds == {"arm:Conv:1-21:fp32:nchw": "precision", "arm:Conv:1-21:fp16:nchw": "layout"}
+
+
+def test_float_data_movement_runs_on_x86_where_onnxruntime_registers_it(tmp_path):
+    """onnxruntime's CPU provider registers Transpose, Concat, Slice, Split, Gather and Clip over every element
+    type in one kernel each: on x86 they run there in fp32, with no host fallback."""
+    model = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 8, 6] x) => (float[2, 6, 2] y, float[2, 6, 3] z, float[3, 8, 6] w) <int64[3] idx = {0, 1, 0}> {
+            t = Transpose <perm = [0, 2, 1]> (x)
+            a, b = Split <axis = 2> (t)
+            c = Concat <axis = 2> (a, b)
+            starts = Constant <value = int64[1] {0}> ()
+            ends = Constant <value = int64[1] {2}> ()
+            axes = Constant <value = int64[1] {2}> ()
+            s = Slice (c, starts, ends, axes)
+            y = Clip (s)
+            z = Relu (a)
+            g = Gather (x, idx)
+            w = Neg (g)
+        }''')
+    onnx.save(model, tmp_path / "in.onnx")
+    report = optimize(tmp_path / "in.onnx", tmp_path / "out.onnx", OptimizeOptions(places="x86/fp32/nchw"))
+    placed = {n["op"]: n["place"] for n in report["kernels"]["nodes"]}
+    assert {op: placed[op] for op in ("Transpose", "Split", "Concat", "Slice", "Clip", "Gather")} == \
+        dict.fromkeys(("Transpose", "Split", "Concat", "Slice", "Clip", "Gather"), "x86/fp32/nchw")
+    assert report["summary"]["host_fallbacks"] == []
