@@ -27,23 +27,35 @@ def test_tail_of_a_partly_symbolic_shape_becomes_a_constant(tmp_path):
         compare(outcome.before, outcome.after, feeds=feeds)
 
 
-def batch_reshape_model(shape_of="x"):
-    """y = Reshape(x, Concat(Unsqueeze(Shape(<shape_of>)[0]), [12])): the batch is symbolic."""
+def batch_reshape_model(shape_of="x", other_batch="n"):
+    """y = Reshape(x, Concat(Unsqueeze(Shape(<shape_of>)[0]), [12])): the batch is symbolic (x2's is named
+    ``other_batch``)."""
     nodes = [helper.make_node("Shape", [shape_of], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
              helper.make_node("Concat", ["n1", "twelve"], ["target"], axis=0),
              helper.make_node("Reshape", ["x", "target"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
              helper.make_node("Neg", ["r"], ["z"])]
-    return make_model(nodes, [vinfo("x", shape=["n", 3, 4]), vinfo("x2", shape=["n", 5])],
+    return make_model(nodes, [vinfo("x", shape=["n", 3, 4]), vinfo("x2", shape=[other_batch, 5])],
                       [vinfo("z", shape=["n", 12])],
                       [tensor("zero", np.array(0, np.int64)), tensor("zero1", np.array([0], np.int64)),
                        tensor("twelve", np.array([12], np.int64))])
 
 
 def test_an_unknown_element_keeps_its_computation(tmp_path):
-    # the batch of x2 need not be the batch of x: nothing is known about it
-    outcome = run(batch_reshape_model(shape_of="x2"), STEP, tmp_path, typed=False)
+    # x2's batch has another name: it need not be x's, so nothing is known about it
+    outcome = run(batch_reshape_model(shape_of="x2", other_batch="m"), STEP, tmp_path, typed=False)
     assert outcome.ops == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape", "Relu", "Neg"]
+
+
+def test_a_dim_of_another_value_with_the_same_name_is_copied_from_the_input(tmp_path):
+    """view(x2.size(0), 12) of x: x2's batch is named as x's (one symbolic dim of the model), so the shape
+    is the constant [0, 12], as a transformer export's view(h.size(0), h.size(1), -1, 48) of a projection of h."""
+    outcome = run(batch_reshape_model(shape_of="x2"), STEP, tmp_path)
+    assert outcome.ops == ["Reshape", "Relu", "Neg"]
+    np.testing.assert_array_equal(outcome.model.graph.nodes_of_type("Reshape")[0].input(1).const, [0, 12])
+    for n in (1, 3):
+        feeds = {"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) - 5, "x2": np.zeros((n, 5), np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
 
 
 def test_a_reshape_copying_dims_of_its_own_input_gets_a_constant_shape(tmp_path):

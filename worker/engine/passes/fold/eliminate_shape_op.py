@@ -249,7 +249,7 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
             if shape is not None:
                 old = reshape.input(1)
                 reshape.set_input(1, graph.add_initializer(f"{reshape.name}_shape", shape))
-                refined = refined or reshape.output(0).shape is None
+                refined = refined or not reshape.output(0).is_static
                 names = graph.remove_unused([old.producer]) if old.producer is not None else []
                 result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
     if not refined:  # a refined Reshape: inference could not read its shape, what follows it is untyped
@@ -264,10 +264,23 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
         return None
     items = []
     for position, item in enumerate(partial.items):
-        if isinstance(item, DimOf) and item.value is data and item.index == position:
+        if isinstance(item, DimOf) and _same_dim(item, data, position):
             items.append(0)
         elif isinstance(item, int):
             items.append(item)
         else:
             return None
     return np.array(items, dtype=np.int64)
+
+
+def _same_dim(item: DimOf, data: Value, position: int) -> bool:
+    """``item`` is dim ``position`` of ``data``: read off ``data`` there, or off another value whose dim has the
+    same symbolic name (``view(x.size(0), x.size(1), -1, 48)`` of a projection of x: both dims are ``batch``,
+    ``sequence``); type inference gives two dims one name only where they are equal."""
+    if item.value is data:
+        return item.index == position
+    theirs, ours = item.value.shape, data.shape
+    if theirs is None or ours is None or item.index >= len(theirs) or position >= len(ours):
+        return False
+    name = theirs[item.index]
+    return isinstance(name, str) and name == ours[position]
