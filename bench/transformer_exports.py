@@ -102,7 +102,11 @@ def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
                        {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
                         "n_positions": 64, "use_cache": False, "bos_token_id": 0, "eos_token_id": 0},
                        inputs="decoder"),
-        "gpt_neox": Export("GPTNeoXConfig", "GPTNeoXModel", {**bert_like, "use_cache": False}, inputs="decoder"),
+        # at least 4 rotary dims (2 frequencies), as every real GPT-NeoX has (16 of 64 at its 0.25): the bench
+        # size keeps the default 0.25, the tiny one (8 per head) rotates half
+        "gpt_neox": Export("GPTNeoXConfig", "GPTNeoXModel",
+                           {**bert_like, "use_cache": False, "rotary_pct": max(0.25, 4 / (hidden // heads))},
+                           inputs="decoder"),
         "llama": Export("LlamaConfig", "LlamaModel", llama_like, inputs="decoder"),
         "mistral": Export("MistralConfig", "MistralModel", {**llama_like, "sliding_window": None},
                           inputs="decoder"),

@@ -192,6 +192,7 @@ def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
     _forget_output_shapes(proto.graph)
     _substitute_known(proto.graph, known)
     _cut_runtime_shapes(model, proto.graph)
+    _declare_same_shape(model.graph, proto.graph)
     try:
         inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference of some op failed: keep what we have and say so
@@ -204,6 +205,30 @@ def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
             if found is not None and not value.is_initializer and not value.is_graph_input:
                 _merge(value, *type_from_proto(found))
     return None
+
+
+#: Ops whose output has their first input's shape by their definition, where onnx's inference (through the
+#: op's function body) leaves the dims it cannot name unknown: RotaryEmbedding's Y is X's shape.
+SAME_SHAPE = frozenset({("", "RotaryEmbedding")})
+
+
+def _declare_same_shape(graph: Graph, proto: onnx.GraphProto) -> None:
+    """Declare the output of each ``SAME_SHAPE`` op with its input's shape as typed so far, so that onnx's
+    inference names its dims (batch, sequence) and passes the names on to what reads it."""
+    for node in graph:
+        if (node.domain, node.op_type) not in SAME_SHAPE or node.input(0) is None or not node.outputs:
+            continue
+        source, out = node.input(0), node.outputs[0]
+        if source.shape is not None and source.dtype and out.type_proto is None:
+            info = proto.value_info.add(name=out.name)
+            info.type.tensor_type.elem_type = source.dtype
+            info.type.tensor_type.shape.SetInParent()
+            for dim in source.shape:
+                entry = info.type.tensor_type.shape.dim.add()
+                if isinstance(dim, int):
+                    entry.dim_value = dim
+                elif isinstance(dim, str):
+                    entry.dim_param = dim
 
 
 def _forget_output_shapes(graph: onnx.GraphProto) -> None:

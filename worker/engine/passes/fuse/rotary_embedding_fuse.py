@@ -31,7 +31,7 @@ import numpy as np
 from typing import NamedTuple
 
 from worker.engine.ir import Graph, Node, Value
-from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.operands import axes_of, int_list, ints_input_or_attr, slice_arguments
 from worker.engine.passes.support.shapes import same_dim
@@ -368,7 +368,10 @@ class RotateEveryTwo(Rule):
                               before=anchor, attributes={"interleaved": 1})
 
 
+# The op's output is typed as the chain's result was, whose dims onnx may have left unnamed (a run-time cos
+# broadcast against the batch): types are inferred again after a rewrite, naming them as X's.
 @register_pass(name="rotary_embedding_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
+               invalidates=(Analysis.TYPES, Analysis.ORDER),
                description="turn rotary embedding written out as halves, Neg, Concat, Mul and Add into "
                            "RotaryEmbedding (opset 23+)")
 def rotary_embedding_fuse(ctx: PassContext) -> PassResult:
