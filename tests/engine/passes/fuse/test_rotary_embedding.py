@@ -318,3 +318,112 @@ def test_dynamic_exports_fuse_with_one_cache_and_agree_at_two_lengths(tmp_path, 
         mask[1, seq - 2:] = 0
         want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _spread(key: str, repeat: str) -> str:
+    """The factor ``{key}r`` from the table's half ``{key}_half`` (see gathered_model)."""
+    if repeat == "halves":
+        return f"""{key}u = Tile ({key}_half, twice)
+            {key}r = Unsqueeze ({key}u, heads_axis)"""
+    source = f"{key}_half" if repeat == "interleave" else f"{key}v"
+    reverse = "" if repeat == "interleave" else f"{key}v = Slice ({key}_half, m1, lowest, seq_axis, m1)\n            "
+    return f"""{reverse}{key}u = Unsqueeze ({source}, four_axes)
+            {key}t = Tile ({key}u, pairs)
+            {key}r = Reshape ({key}t, flat)"""
+
+
+def gathered_model(*, repeat="interleave", lookup="Gather", opset=23):
+    """GPT-J's rotary on x (batch, seq, 2 heads, 8) with rot 4: cos and sin are the rows of a (16, 4) table
+    gathered at positions Range(0, seq) and each value repeated in its odd neighbour (``repeat="interleave"``;
+    ``"halves"`` tiles the table's half instead: a b a b; ``"reversed"`` reads the rows in reverse order)."""
+    angles = np.arange(16)[:, None] * [1.0, 0.1]
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+    index = "(positions, first)" if lookup == "Gather" else "(positions, first_last)"
+    text = f"""<ir_version: 10, opset_import: ["" : {opset}]>
+        g (float[B, S, 2, 8] x) => (float[B, S, 2, 8] y) {{
+            shape = Shape (x)
+            seq = Gather <axis = 0> (shape, one)
+            positions = Range (zero, seq, one)
+            p = Unsqueeze {index}
+            rows = {lookup} (table, p)
+            s_half, c_half = Split <axis = -1> (rows, halves)
+            {_spread("c", repeat)}
+            {_spread("s", repeat)}
+            rot, rest = Split <axis = -1> (x, cut)
+            even = Slice (rot, s0, big, last, two)
+            odd = Slice (rot, s1, big, last, two)
+            nodd = Neg (odd)
+            uo = Unsqueeze (nodd, last)
+            ue = Unsqueeze (even, last)
+            both = Concat <axis = -1> (uo, ue)
+            swapped = Reshape (both, back)
+            xc = Mul (rot, cr)
+            xs = Mul (swapped, sr)
+            added = Add (xc, xs)
+            y = Concat <axis = -1> (added, rest)
+        }}"""
+    model = parser.parse_model(text)
+    inits = {"table": table, "one": np.array(1, np.int64), "zero": np.array(0, np.int64),
+             "first": np.array([0], np.int64), "first_last": np.array([0, 2], np.int64),
+             "halves": np.array([2, 2], np.int64), "four_axes": np.array([2, 4], np.int64),
+             "pairs": np.array([1, 1, 1, 1, 2], np.int64), "twice": np.array([1, 1, 2], np.int64), "flat": np.array([1, 0, 1, -1], np.int64),
+             "m1": np.array([-1], np.int64), "lowest": np.array([-2 ** 62], np.int64), "seq_axis": np.array([1], np.int64), "heads_axis": np.array([2], np.int64),
+             "cut": np.array([4, 4], np.int64), "s0": np.array([0], np.int64), "s1": np.array([1], np.int64),
+             "big": np.array([2 ** 62], np.int64), "last": np.array([-1], np.int64), "two": np.array([2], np.int64),
+             "back": np.array([0, 0, 2, 4], np.int64)}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+    return model
+
+
+@pytest.mark.parametrize("lookup", ["Gather", "GatherND"])
+def test_rows_gathered_from_a_table_become_caches_with_position_ids(tmp_path, lookup):
+    """GPT-J: the factors are the table's rows at the positions (Gather, or GatherND as the dynamo exporter
+    writes it), repeat_interleave'd; x is (batch, seq, heads, head), so the op runs on its 3-D form."""
+    out = optimize(tmp_path, gathered_model(lookup=lookup), [PASS])
+    assert out.ops.count("RotaryEmbedding") == 1 and "Neg" not in out.ops
+    rotary = next(n for n in out.model.graph if n.op_type == "RotaryEmbedding")
+    assert (rotary.attr("interleaved"), rotary.attr("num_heads"), rotary.attr("rotary_embedding_dim")) == (1, 2, 4)
+    np.testing.assert_array_equal(rotary.input(1).const, np.cos(np.arange(16)[:, None] * [1.0, 0.1]).astype(np.float32))
+    import onnxruntime as ort
+    onnx.save(gathered_model(lookup=lookup), tmp_path / "before.onnx")
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+                for p in (tmp_path / "before.onnx", out.path)]
+    for batch, seq in ((1, 5), (3, 16)):
+        x = np.random.default_rng(seq).standard_normal((batch, seq, 2, 8)).astype(np.float32)
+        want, got = (s.run(None, {"x": x})[0] for s in sessions)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("repeat, reason", [
+    ("halves", "does not take each position's row alone with each value repeated in its odd neighbour"),
+    ("reversed", "does not take each position's row alone with each value repeated in its odd neighbour"),
+])
+def test_gathered_factors_not_of_the_interleaved_form_are_refused(tmp_path, repeat, reason):
+    out = optimize(tmp_path, gathered_model(repeat=repeat), [PASS], check=False)
+    assert "RotaryEmbedding" not in out.ops
+    assert out.refused(reason), out.refusals()
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gptj_dynamic_exports_fuse_and_agree_at_two_lengths(tmp_path, exporter):
+    """GPT-J with a dynamic batch and sequence (``transformer_exports.py --size tiny``): both rotations of the
+    layer become RotaryEmbedding over the gathered table, attention fuses, and the output agrees with the
+    export's at batch 2 and two sequence lengths."""
+    import onnxruntime as ort
+
+    from worker.engine.api import optimize as run
+    from worker.engine.options import OptimizeOptions
+
+    source, target = DATA / f"gptj_dynamic.{exporter}.onnx", tmp_path / "out.onnx"
+    run(source, target, OptimizeOptions(portable=True, target_opset=23, verify=False))
+    ops = [n.op_type for n in onnx.load(str(target)).graph.node]
+    assert (ops.count("RotaryEmbedding"), ops.count("Neg"), ops.count("Attention")) == (2, 0, 1)
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, target)]
+    rng = np.random.default_rng(0)
+    for seq in (5, 12):
+        ids = rng.integers(3, 100, (2, seq))
+        mask = np.ones((2, seq), np.int64)
+        mask[1, seq - 2:] = 0
+        want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

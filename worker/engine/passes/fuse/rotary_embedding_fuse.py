@@ -21,7 +21,10 @@ positions Range(0, that dim, 1) times the inverse frequencies; a batch of 1 is e
 before opset 23 (``--target-opset 23`` raises it), where no valid place has a RotaryEmbedding kernel, and
 when any of the above does not hold, each with a sentence. The interleaved form (GPT-J's rotate_every_two:
 even and odd elements by step-2 Slices, the negated odd ones and the even ones stacked on a new last axis and
-flattened back) becomes the op with interleaved=1, its cos and sin repeating each value in its odd neighbour. Numeric effect: the op computes cos * x1 - sin * x2 and sin * x1 + cos * x2 in one kernel; the same
+flattened back) becomes the op with interleaved=1, its cos and sin repeating each value in its odd neighbour.
+GPT-J's own layout, x (batch, seq, heads, head) with cos and sin gathered at the positions from a constant
+table and repeat_interleave'd at run time, becomes the op on x's 3-D form (num_heads, position_ids, the
+table's columns as caches); the gather's chain is proved position by position by running it on the table. Numeric effect: the op computes cos * x1 - sin * x2 and sin * x1 + cos * x2 in one kernel; the same
 products and sums as the chain, so results agree to the last bits.
 """
 from __future__ import annotations
@@ -30,11 +33,13 @@ import numpy as np
 
 from typing import NamedTuple
 
+from worker.engine.evaluate import evaluate
+from worker.engine.limits import elements_from_values
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.operands import axes_of, int_list, ints_input_or_attr, slice_arguments
-from worker.engine.passes.support.shapes import same_dim
+from worker.engine.passes.support.shapes import same_dim, same_shape
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
@@ -151,6 +156,12 @@ def positions_count(frequencies: Value, rot: int) -> object:
             np.prod(node.input(constants[0]).shape) != rot // 2 or positions.shape is None or \
             tuple(positions.shape)[-1:] != (1,):
         return None
+    return range_count(positions)
+
+
+def range_count(positions: Value) -> object:
+    """The dim the positions count, when they are Range(0, dim d of some value, 1) (cast or unsqueezed): that
+    value's dim d; else None."""
     ranged = strip(positions, ("Cast", "Unsqueeze")).producer
     if ranged is None or ranged.op_type != "Range" or int_list(ranged.input(0)) != [0] or \
             int_list(ranged.input(2)) != [1]:
@@ -368,6 +379,189 @@ class RotateEveryTwo(Rule):
                               before=anchor, attributes={"interleaved": 1})
 
 
+#: Ops a gathered factor may pass through between the table lookup and the Mul: data movement that acts on
+#: each position alone (checked numerically as well, ``gathered_factor``).
+MOVES = frozenset({"Split", "Slice", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Tile", "Identity"})
+#: Largest table the proof runs the chain on (GPT-J's is 2048 x 64).
+MAX_TABLE = 1 << 22
+
+
+class GatheredFactor(NamedTuple):
+    """A run-time cos or sin factor proved to be a constant table's rows at the positions, each value repeated in
+    its odd neighbour and broadcast over the heads: RotaryEmbedding's cache with position_ids."""
+    cache: np.ndarray  # (positions, rot/2)
+    positions: Value  # (1 or batch, seq) int64, or (.., seq, 1) for GatherND
+
+
+def gathered_factor(factor: Value, x: Value, rot: int, opset: int) -> GatheredFactor | str:
+    """Walk up from the factor to Gather(table, positions) through position-wise data movement, then run that
+    chain on every position the table holds (and on a shuffled part of them) to read the cache off it."""
+    chain, value = [], factor
+    while value.producer is not None and value.producer.op_type in MOVES:
+        node = value.producer
+        if any(v is not None and v is not node.input(0) and v.constant_value() is None for v in node.inputs):
+            return f"moves through {describe(node)}, which reads a value computed at run time"
+        chain.append(node)
+        value = node.input(0)
+    lookup = value.producer
+    if lookup is None or lookup.op_type not in ("Gather", "GatherND") or lookup.attr("axis", 0) != 0 or \
+            lookup.attr("batch_dims", 0) != 0:
+        return "is neither a constant nor rows of a constant table gathered at the positions"
+    table, positions = lookup.input(0).constant_value(), lookup.input(1)
+    if table is None or table.ndim != 2 or positions.dtype != 7 or positions.shape is None:
+        return f"is gathered by {describe(lookup)} from something other than a constant 2-D table at int64 positions"
+    nd = lookup.op_type == "GatherND"
+    if nd and (len(positions.shape) != 3 or positions.shape[2] != 1) or not nd and len(positions.shape) != 2:
+        return f"is gathered by {describe(lookup)} at positions that are not (batch, seq{', 1' if nd else ''})"
+    if not same_dim(positions.shape[1], x.shape[1]) and not same_dim(range_count(positions), x.shape[1]):
+        return f"is gathered at positions that do not count the sequence of {x.name!r}"
+
+    if table.size > MAX_TABLE:
+        return f"is gathered from a table of {table.size} values, more than the {MAX_TABLE} this proof runs on"
+
+    def run(rows: np.ndarray) -> np.ndarray | None:
+        data = table[rows][None]  # (1, n, columns): the lookup at positions (1, n)
+        for node in reversed(chain):
+            if node.op_type in ("Expand", "Tile") and \
+                    not 0 < (elements_from_values(node.op_type, data.shape, [data, node.input(1).constant_value()])
+                             or 0) <= 4 * table.size:
+                return None  # a factor is the table's rows spread over the pairs: never more than twice them
+            found = evaluate(node, [data, *[v.constant_value() if v is not None else None
+                                            for v in node.inputs[1:]]], opset)
+            if found is None:
+                return None
+            data = found[node.outputs.index(value_after(node, chain, factor))]
+        return data
+
+    count = table.shape[0]
+    every, some = run(np.arange(count)), run(np.arange(count)[::-2].copy())
+    if every is None or some is None or every.shape != (1, count, 1, rot):
+        return f"does not move the table's rows to (1, seq, 1, {rot}) the same at every position"
+    if not np.array_equal(some, every[:, ::-2]) or not np.array_equal(every[..., 0::2], every[..., 1::2]):
+        return "does not take each position's row alone with each value repeated in its odd neighbour"
+    if every.dtype != numpy_dtype(x.dtype):
+        return f"does not have the type of {x.name!r}"
+    return GatheredFactor(np.ascontiguousarray(every[0, :, 0, 0::2]), positions)
+
+
+def value_after(node: Node, chain: list[Node], factor: Value) -> Value:
+    """The output of ``node`` that the next node of the chain (toward the factor) reads."""
+    index = chain.index(node)
+    return factor if index == 0 else chain[index - 1].input(0)
+
+
+class RotateEveryTwoGathered(Rule):
+    """GPT-J's rotate_every_two on (batch, seq, heads, head) with cos and sin gathered at the positions from a
+    table (``embed_positions``) and repeat_interleave'd: the rotated part is the first ``rot`` head dims.
+
+        r, rest = Split(x, [rot, head - rot], axis=-1)
+        y = Concat(r * cos + Reshape(Concat(Unsqueeze(-r[1::2]), Unsqueeze(r[0::2]))) * sin, rest, axis=-1)
+            ->  Reshape(RotaryEmbedding(Reshape(x, (batch, seq, heads * head)), cos_cache, sin_cache,
+                                        position_ids, interleaved=1, num_heads=heads, rotary_embedding_dim=rot))
+
+    The op takes 3-D input (its 4-D form is heads before seq); the caches are the table's columns, each once,
+    and the positions are expanded to x's batch."""
+
+    name = "rotary_rotate_every_two_gathered"
+
+    def __init__(self):
+        super().__init__()
+        self.built: dict[tuple, Value] = {}
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        x = p.var("x")
+        rotated, rest = p.Split(x, None, outputs=2, key="outer_split")
+        even = p.Slice(rotated, None, None, None, None, key="even")
+        odd = p.Slice(rotated, None, None, None, None, key="odd")
+        pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
+                         p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
+        swapped = p.Reshape(pairs, None, key="flatten")
+        with_cos = p.Mul(rotated, p.var("cos"), key="mul_cos", commutative=True)
+        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
+        rotary = p.Add(with_cos, with_sin, key="add", commutative=True)
+        p.Concat(rotary, rest, key="join", out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple | str:
+        refusal = standard_op_refusal(ctx, "RotaryEmbedding", 23)
+        if refusal:
+            return refusal
+        x, opset, outer = match.value("x"), ctx.opset(), match.node("outer_split")
+        shape = x.shape
+        if x.dtype not in FLOAT_TYPES or shape is None or len(shape) != 4 or \
+                not all(isinstance(d, int) for d in shape[2:]):
+            return (f"the input {x.name!r} of the rotary chain at {describe(match.node('concat'))} is not a float "
+                    f"tensor (batch, seq, heads, head) of static heads and head size")
+        heads, head = shape[2], shape[3]
+        lengths = split_lengths(outer, head, opset)
+        if lengths is None or not last_axis(outer, 4) or not last_axis(match.node("join"), 4) or lengths[0] % 2:
+            return f"{describe(outer)} and {describe(match.node('join'))} do not cut off and put back an even part"
+        rot = lengths[0]
+        if not every_other(match.node("even"), 0, rot, opset) or not every_other(match.node("odd"), 1, rot, opset):
+            return (f"{describe(match.node('even'))} and {describe(match.node('odd'))} do not take the even and odd "
+                    f"rotated dims")
+        for key in ("unsqueeze_odd", "unsqueeze_even"):
+            if list(axes_of(match.node(key), opset) or []) not in ([-1], [4]):
+                return f"{describe(match.node(key))} does not add a last axis"
+        rotated = match.node("outer_split").outputs[0]
+        if match.node("concat").attr("axis", 0) % 5 != 4 or \
+                not same_shape(match.node("flatten").outputs[0].shape, rotated.shape):
+            return f"{describe(match.node('flatten'))} does not interleave the pairs back into the rotated part"
+        factors = []
+        for key in ("cos", "sin"):
+            found = gathered_factor(match.value(key), x, rot, opset)
+            if isinstance(found, str):
+                return f"the {key} factor {match.value(key).name!r} {found}"
+            factors.append(found)
+        if factors[0].positions is not factors[1].positions:
+            return "cos and sin are gathered at different positions"
+        return heads, head, rot, factors[0], factors[1]
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple) -> list[Node]:
+        heads, head, rot, cos, sin = plan
+        graph, join, x = match.graph, match.node("join"), match.value("x")
+        made = []
+
+        def add(op, inputs, name, shape, dtype=x.dtype, **attributes):
+            node = graph.add_node(op, inputs, name=f"{join.name}_{name}", before=join, attributes=attributes)
+            made.append(node)
+            return typed(node, dtype, shape)
+
+        flat = add("Reshape", [x, graph.add_initializer(f"{join.name}_flat", np.array([0, 0, -1], np.int64))],
+                   "flat", (*x.shape[:2], heads * head))
+        caches = [graph.add_initializer(f"{join.name}_{key}_cache", factor.cache)
+                  for key, factor in (("cos", cos), ("sin", sin))]
+        rotated = add("RotaryEmbedding", [flat, *caches, self._positions(graph, cos.positions, x, join, made)],
+                      "rotary", (*x.shape[:2], heads * head), interleaved=1, num_heads=heads,
+                      rotary_embedding_dim=rot)
+        node = graph.add_node("Reshape", [rotated, graph.add_initializer(
+            f"{join.name}_heads", np.array([0, 0, heads, head], np.int64))], outputs=[match.value("out")],
+            name=join.name, before=join)
+        return [*made, node]
+
+    def _positions(self, graph: Graph, positions: Value, x: Value, before: Node, made: list) -> Value:
+        """The positions as (batch, seq): a GatherND's last axis dropped, a batch of 1 expanded to x's (built
+        once, before the first rewrite, which comes first in graph order)."""
+        key = (positions, x.shape[0])
+        if key not in self.built:
+            value = positions
+            if len(positions.shape) == 3:
+                node = graph.add_node("Squeeze", [value, graph.add_initializer(
+                    f"{positions.name}_last", np.array([2], np.int64))], name=f"{positions.name}_2d", before=before)
+                made.append(node)
+                value = typed(node, 7, positions.shape[:2])
+            if not same_dim(value.shape[0], x.shape[0]):
+                shape = graph.add_node("Shape", [x], name=f"{positions.name}_batch_seq", before=before,
+                                       attributes={"end": 2})
+                expand = graph.add_node("Expand", [value, typed(shape, 7, (2,))], name=f"{positions.name}_batch",
+                                        before=before)
+                made.extend([shape, expand])
+                value = typed(expand, 7, (x.shape[0], value.shape[1]))
+            self.built[key] = value
+        return self.built[key]
+
+
 # The op's output is typed as the chain's result was, whose dims onnx may have left unnamed (a run-time cos
 # broadcast against the batch): types are inferred again after a rewrite, naming them as X's.
 @register_pass(name="rotary_embedding_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
@@ -376,4 +570,5 @@ class RotateEveryTwo(Rule):
                            "RotaryEmbedding (opset 23+)")
 def rotary_embedding_fuse(ctx: PassContext) -> PassResult:
     # Partial first, so its Concat goes into the op rather than staying behind it.
-    return apply_rules(ctx, [RotateHalf(partial=True), RotateHalf(partial=False), RotateEveryTwo()])
+    return apply_rules(ctx, [RotateHalf(partial=True), RotateHalf(partial=False), RotateEveryTwo(),
+                             RotateEveryTwoGathered()])
