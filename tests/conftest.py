@@ -73,6 +73,8 @@ def model_id(path: Path) -> str:
 
 
 def _names_a_real_model(value) -> bool:
+    if isinstance(value, str) and value.endswith(".onnx") and "/" in value:
+        value = Path(value)
     if isinstance(value, Path):
         return value.suffix == ".onnx" and value.parent in (CORPUS, LIGHT)
     return isinstance(value, str) and (value in CORPUS_SHAPES or value in LIGHT_MODELS)
@@ -80,21 +82,57 @@ def _names_a_real_model(value) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name), or whose
-    own code opens one (it names ``CORPUS``, ``light_models()`` or ``all_models()``), runs real models: it gets
+    code opens one (it names ``CORPUS``, ``LIGHT``, ``light_models()`` or ``all_models()``, or a module constant
+    that is a real model's path or name, itself or through a helper of the test's module or a fixture), runs real
+    models: it gets
     the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test having to remember
     the mark. A test whose code or fixtures start the service (``_SERVICE_CODE``) gets the ``service`` mark:
     ``-m "not models and not service"`` leaves out the tests that wait on real servers and processes."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec and any(_names_a_real_model(v) for v in callspec.params.values()) \
-                or _opens_a_real_model(getattr(item, "function", None)):
+                or any(_opens_a_real_model(function) for function in _test_and_fixture_functions(item)
+                       if function is not _corpus_present.__wrapped__):  # it checks the files, runs none
             item.add_marker(pytest.mark.models)
         if any(_starts_the_service(function) for function in _test_and_fixture_functions(item)):
             item.add_marker(pytest.mark.service)
 
 
+@functools.cache
 def _opens_a_real_model(function) -> bool:
-    return bool(_REAL_MODEL_CODE.search(_source(function)))
+    """The function's code names a real model: directly (``_REAL_MODEL_CODE``), through a global of its module
+    that is one (``BERT = CORPUS / "bert_small_dyn.onnx"``, ``MODEL = "cls_qdq.onnx"``), or through a function
+    of a test module that does (a helper that submits the model)."""
+    return _names_one(function, set())
+
+
+def _names_one(function, seen: set) -> bool:
+    import inspect
+
+    function = inspect.unwrap(function) if callable(function) else function
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    if _REAL_MODEL_CODE.search(_source(function)):
+        return True
+    module_globals = getattr(function, "__globals__", {})
+    for name in _global_names(code):
+        value = module_globals.get(name)
+        if _names_a_real_model(value) or isinstance(value, (list, tuple)) and any(map(_names_a_real_model, value)):
+            return True
+        if inspect.isfunction(value) and value.__module__.startswith("tests.") and _names_one(value, seen):
+            return True
+    return False
+
+
+def _global_names(code) -> set[str]:
+    """The global names a function's code (and the code of the functions and lambdas nested in it) reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
 
 
 @functools.cache
@@ -111,7 +149,7 @@ def _source(function) -> str:
         return ""
 
 
-_REAL_MODEL_CODE = re.compile(r"\bCORPUS\b(?!_SHAPES\b)|\blight_models\(|\ball_models\(")
+_REAL_MODEL_CODE = re.compile(r"\bCORPUS\b(?!_SHAPES\b)|\bLIGHT\b|\blight_models\(|\ball_models\(")
 
 
 def _test_and_fixture_functions(item) -> list:
