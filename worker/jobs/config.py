@@ -45,6 +45,8 @@ class JobSettings(BaseSettings):
     requeue_after_seconds: float = Field(600.0, gt=0)
     retention_hours: float = Field(168.0, ge=0, description="finished jobs are deleted after this; 0: never")
     poll_seconds: float = Field(0.25, gt=0, le=5, description="how long a runner waits for engine output at once")
+    queue_wait_seconds: float = Field(1.0, gt=0, le=30, description="how long an idle worker thread waits on Redis "
+                                      "for a message before it looks whether it should stop; a worker stops within it")
     shutdown_grace_seconds: float = Field(20.0, ge=0, description="on SIGTERM a worker claims no more jobs and "
                                           "lets running ones finish for this long, then gives the rest back to "
                                           "the queue at once")

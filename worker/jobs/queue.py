@@ -46,7 +46,7 @@ class WalSqliteStorage(SqliteStorage):
 def build_huey(config: JobSettings) -> Huey:
     common = dict(name=config.queue_name, results=False, utc=True, serializer=JsonMessageSerializer())
     if config.redis_url:
-        return RedisHuey(url=config.redis_url, blocking=True, read_timeout=1, **common)
+        return RedisHuey(url=config.redis_url, blocking=True, read_timeout=config.queue_wait_seconds, **common)
     Path(config.data_dir).mkdir(parents=True, exist_ok=True)
     return SqliteHuey(filename=str(Path(config.data_dir) / "queue.db"), timeout=10, storage_class=WalSqliteStorage,
                       **common)
