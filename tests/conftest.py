@@ -73,6 +73,8 @@ def model_id(path: Path) -> str:
 
 
 def _names_a_real_model(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(map(_names_a_real_model, value))
     if isinstance(value, str) and value.endswith(".onnx") and "/" in value:
         value = Path(value)
     if isinstance(value, Path):
@@ -100,9 +102,11 @@ def pytest_collection_modifyitems(config, items):
 
 @functools.cache
 def _opens_a_real_model(function) -> bool:
-    """The function's code names a real model: directly (``_REAL_MODEL_CODE``), through a global of its module
-    that is one (``BERT = CORPUS / "bert_small_dyn.onnx"``, ``MODEL = "cls_qdq.onnx"``), or through a function
-    of a test module that does (a helper that submits the model)."""
+    """The function's code reads a real model: it names ``CORPUS``, ``LIGHT``, ``light_models`` or ``all_models``
+    (``_REAL_MODEL_NAMES``), or a global of its module that is a real model's path or name
+    (``BERT = CORPUS / "bert_small_dyn.onnx"``, ``MODEL = "cls_qdq.onnx"``), or a function of a test module
+    that does (a helper that submits the model). It reads the names the compiled code uses, not the source:
+    reading the source of every helper cost a second of the collection."""
     return _names_one(function, set())
 
 
@@ -114,12 +118,10 @@ def _names_one(function, seen: set) -> bool:
     if code is None or code in seen:
         return False
     seen.add(code)
-    if _REAL_MODEL_CODE.search(_source(function)):
-        return True
     module_globals = getattr(function, "__globals__", {})
     for name in _global_names(code):
         value = module_globals.get(name)
-        if _names_a_real_model(value) or isinstance(value, (list, tuple)) and any(map(_names_a_real_model, value)):
+        if name in _REAL_MODEL_NAMES or _names_a_real_model(value):
             return True
         if inspect.isfunction(value) and value.__module__.startswith("tests.") and _names_one(value, seen):
             return True
@@ -149,7 +151,8 @@ def _source(function) -> str:
         return ""
 
 
-_REAL_MODEL_CODE = re.compile(r"\bCORPUS\b(?!_SHAPES\b)|\bLIGHT\b|\blight_models\(|\ball_models\(")
+#: The names of tests/conftest.py through which a test reaches the real models.
+_REAL_MODEL_NAMES = frozenset({"CORPUS", "LIGHT", "light_models", "all_models"})
 
 
 def _test_and_fixture_functions(item) -> list:
