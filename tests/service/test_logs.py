@@ -25,7 +25,6 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.models
 def test_a_failed_job_is_logged_in_json_with_its_id_and_reason(real_server):
     job = real_server.submit(b"this is not an ONNX model", "x86/fp32/nchw", filename="broken.onnx").json()
     assert real_server.wait_for(job["id"])["status"] == "failed"
