@@ -12,9 +12,11 @@ computed it go away once unused. Constant folding takes the chain from there.
 
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
-Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion). Exact.
-When that Reshape's output had no shape, the pass leaves the types stale (it declares it may): the manager
-runs type inference before the next pass, so what follows the Reshape gets typed.
+Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion). Exact. A dim read
+off another value counts as x's when both carry the same name of the model's (``batch``: a dim_param names one
+value in the whole model); names onnx makes up (``unk__N``) are numbered afresh by each inference, so never.
+When that Reshape's output was not fully known, the pass leaves the types stale (it declares it may): the
+manager runs type inference before the next pass, so the Reshape and what follows it get typed.
 """
 from __future__ import annotations
 
@@ -252,7 +254,7 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 refined = refined or not reshape.output(0).is_static
                 names = graph.remove_unused([old.producer]) if old.producer is not None else []
                 result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
-    if not refined:  # a refined Reshape: inference could not read its shape, what follows it is untyped
+    if not refined:  # a refined Reshape: inference could not read all of its shape; now it can
         result.preserve(Analysis.TYPES)
     return result
 
@@ -276,11 +278,11 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
     """``item`` is dim ``position`` of ``data``: read off ``data`` there, or off another value whose dim has the
     same symbolic name (``view(x.size(0), x.size(1), -1, 48)`` of a projection of x: both dims are ``batch``,
-    ``sequence``); type inference gives two dims one name only where they are equal."""
+    ``sequence``); type inference passes a name of the model's on only where dims are equal."""
     if item.value is data:
         return item.index == position
     theirs, ours = item.value.shape, data.shape
     if theirs is None or ours is None or item.index >= len(theirs) or position >= len(ours):
         return False
     name = theirs[item.index]
-    return isinstance(name, str) and name == ours[position]
+    return isinstance(name, str) and not name.startswith("unk__") and name == ours[position]
