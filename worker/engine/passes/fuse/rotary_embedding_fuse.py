@@ -34,8 +34,8 @@ import numpy as np
 from typing import NamedTuple
 
 from worker.engine.evaluate import evaluate
-from worker.engine.limits import elements_from_values
 from worker.engine.ir import Graph, Node, Value
+from worker.engine.limits import elements_from_values
 from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.operands import axes_of, int_list, ints_input_or_attr, slice_arguments
