@@ -312,6 +312,20 @@ def every_other(node: Node, start: int, dim: int, opset: int) -> bool:
         and (steps or [1])[0] == 2
 
 
+def every_two(p: Pattern, x, out: str | None = None):
+    """The pattern of rotate_every_two applied to ``x``: x * cos + Reshape(Concat(Unsqueeze(-x[1::2]),
+    Unsqueeze(x[0::2]), axis=-1)) * sin (keys even, odd, neg, unsqueeze_odd, unsqueeze_even, concat, flatten,
+    mul_cos, mul_sin, add; variables cos and sin)."""
+    even = p.Slice(x, None, None, None, None, key="even")
+    odd = p.Slice(x, None, None, None, None, key="odd")
+    pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
+                     p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
+    swapped = p.Reshape(pairs, None, key="flatten")
+    with_cos = p.Mul(x, p.var("cos"), key="mul_cos", commutative=True)
+    with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
+    return p.Add(with_cos, with_sin, key="add", commutative=True, out=out)
+
+
 class RotateEveryTwo(Rule):
     """The interleaved form (GPT-J's rotate_every_two): pairs (x[2i], x[2i+1]) rotate together.
 
@@ -325,15 +339,7 @@ class RotateEveryTwo(Rule):
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
-        x = p.var("x")
-        even = p.Slice(x, None, None, None, None, key="even")
-        odd = p.Slice(x, None, None, None, None, key="odd")
-        pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
-                         p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
-        swapped = p.Reshape(pairs, None, key="flatten")
-        with_cos = p.Mul(x, p.var("cos"), key="mul_cos", commutative=True)
-        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
-        p.Add(with_cos, with_sin, key="add", commutative=True, out="out")
+        every_two(p, p.var("x"), out="out")
         return p
 
     def check(self, ctx: PassContext, match: Match) -> tuple[int, np.ndarray, np.ndarray] | str:
@@ -472,15 +478,7 @@ class RotateEveryTwoGathered(Rule):
         p = Pattern(self.name)
         x = p.var("x")
         rotated, rest = p.Split(x, None, outputs=2, key="outer_split")
-        even = p.Slice(rotated, None, None, None, None, key="even")
-        odd = p.Slice(rotated, None, None, None, None, key="odd")
-        pairs = p.Concat(p.Unsqueeze(p.Neg(odd, key="neg"), None, key="unsqueeze_odd"),
-                         p.Unsqueeze(even, None, key="unsqueeze_even"), key="concat")
-        swapped = p.Reshape(pairs, None, key="flatten")
-        with_cos = p.Mul(rotated, p.var("cos"), key="mul_cos", commutative=True)
-        with_sin = p.Mul(swapped, p.var("sin"), key="mul_sin", commutative=True)
-        rotary = p.Add(with_cos, with_sin, key="add", commutative=True)
-        p.Concat(rotary, rest, key="join", out="out")
+        p.Concat(every_two(p, rotated), rest, key="join", out="out")
         return p
 
     def check(self, ctx: PassContext, match: Match) -> tuple | str:
