@@ -123,19 +123,25 @@ def test_no_kernel_in_any_valid_place_is_refused(tmp_path):
     assert out.refused("no valid place (npu) has a RotaryEmbedding kernel at opset 23")
 
 
+def every_two_text(x: str, cos: str, sin: str, shape: str, out: str) -> str:
+    """ONNX text of ``out = x * cos + rotate_every_two(x) * sin`` (GPT-J): the negated odd and the even elements
+    stacked on a new last axis and flattened back to ``shape``."""
+    return f"""
+            {x}_even = Slice ({x}, zero, big, last, two)
+            {x}_odd = Slice ({x}, start_odd, big, last, two)
+            {x}_nodd = Neg ({x}_odd)
+            {x}_uo = Unsqueeze ({x}_nodd, last)
+            {x}_ue = Unsqueeze ({x}_even, last)
+            {x}_pairs = Concat <axis = -1> ({x}_uo, {x}_ue)
+            {x}_swapped = Reshape ({x}_pairs, {shape})
+            {x}_cos = Mul ({x}, {cos})
+            {x}_sin = Mul ({x}_swapped, {sin})
+            {out} = Add ({x}_cos, {x}_sin)"""
+
+
 def interleaved_model(*, cos=None, sin=None, odd_start=1):
     """x (B, H, S, D) -> x * cos + rotate_every_two(x) * sin (GPT-J), cos repeating each value twice."""
-    body = f"""
-        a = Slice (x, zero, big, last, two)
-        b = Slice (x, start_odd, big, last, two)
-        nb = Neg (b)
-        un = Unsqueeze (nb, last)
-        ua = Unsqueeze (a, last)
-        c = Concat <axis = -1> (un, ua)
-        r = Reshape (c, shape)
-        xc = Mul (x, cos)
-        rs = Mul (r, sin)
-        y = Add (xc, rs)"""
+    body = every_two_text("x", "cos", "sin", "shape", "y")
     model = parser.parse_model(f'<ir_version: 10, opset_import: ["" : 23]> '
                                f'g (float[{B}, {H}, {S}, {D}] x) => (float[{B}, {H}, {S}, {D}] y) {{{body}\n}}')
     angles = np.random.default_rng(1).uniform(0, 6, (1, 1, S, D // 2)).astype(np.float32).repeat(2, axis=-1)
@@ -291,14 +297,27 @@ DYNAMIC = [f"{model}_dynamic.{exporter}" for model in ("llama", "phi", "gpt_neox
            for exporter in ("dynamo", "torchscript")]
 
 
+def agree_at_two_lengths(source, target) -> None:
+    """The export and its optimized form agree at batch 2 and sequences 5 and 12 (masks padded on the right:
+    no query row is masked whole)."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, target)]
+    rng = np.random.default_rng(0)
+    for seq in (5, 12):
+        ids = rng.integers(3, 100, (2, seq))
+        mask = np.ones((2, seq), np.int64)
+        mask[1, seq - 2:] = 0
+        want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.models
 @pytest.mark.parametrize("name", DYNAMIC)
 def test_dynamic_exports_fuse_with_one_cache_and_agree_at_two_lengths(tmp_path, name):
     """Exports with a dynamic batch and sequence (``transformer_exports.py --size tiny``): both rotations of the
     layer become RotaryEmbedding over one Cos and one Sin, and the output agrees with the export's at batch 2
     and two sequence lengths (masks padded on the right: no query row is masked whole)."""
-    import onnxruntime as ort
-
     from worker.engine.api import optimize as run
     from worker.engine.options import OptimizeOptions
 
@@ -310,14 +329,7 @@ def test_dynamic_exports_fuse_with_one_cache_and_agree_at_two_lengths(tmp_path, 
     if name.startswith("gpt_neox"):  # TorchScript's view(h.size(0), h.size(1), -1, 3 * head) of the projection
         assert ops.count("Attention") == 1  # and the rotated query's dims named again, so attention fuses
     assert all(d.dim_param for d in saved.graph.input[0].type.tensor_type.shape.dim)  # still dynamic
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, target)]
-    rng = np.random.default_rng(0)
-    for seq in (5, 12):
-        ids = rng.integers(3, 100, (2, seq))
-        mask = np.ones((2, seq), np.int64)
-        mask[1, seq - 2:] = 0
-        want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    agree_at_two_lengths(source, target)
 
 
 def _spread(key: str, repeat: str) -> str:
@@ -343,32 +355,23 @@ def gathered_model(*, repeat="interleave", lookup="Gather", opset=23):
         g (float[B, S, 2, 8] x) => (float[B, S, 2, 8] y) {{
             shape = Shape (x)
             seq = Gather <axis = 0> (shape, one)
-            positions = Range (zero, seq, one)
+            positions = Range (origin, seq, one)
             p = Unsqueeze {index}
             rows = {lookup} (table, p)
             s_half, c_half = Split <axis = -1> (rows, halves)
             {_spread("c", repeat)}
             {_spread("s", repeat)}
             rot, rest = Split <axis = -1> (x, cut)
-            even = Slice (rot, s0, big, last, two)
-            odd = Slice (rot, s1, big, last, two)
-            nodd = Neg (odd)
-            uo = Unsqueeze (nodd, last)
-            ue = Unsqueeze (even, last)
-            both = Concat <axis = -1> (uo, ue)
-            swapped = Reshape (both, back)
-            xc = Mul (rot, cr)
-            xs = Mul (swapped, sr)
-            added = Add (xc, xs)
+            {every_two_text("rot", "cr", "sr", "back", "added")}
             y = Concat <axis = -1> (added, rest)
         }}"""
     model = parser.parse_model(text)
-    inits = {"table": table, "one": np.array(1, np.int64), "zero": np.array(0, np.int64),
+    inits = {"table": table, "one": np.array(1, np.int64), "origin": np.array(0, np.int64), "zero": np.array([0], np.int64),
              "first": np.array([0], np.int64), "first_last": np.array([0, 2], np.int64),
              "halves": np.array([2, 2], np.int64), "four_axes": np.array([2, 4], np.int64),
              "pairs": np.array([1, 1, 1, 1, 2], np.int64), "twice": np.array([1, 1, 2], np.int64), "flat": np.array([1, 0, 1, -1], np.int64),
              "m1": np.array([-1], np.int64), "lowest": np.array([-2 ** 62], np.int64), "seq_axis": np.array([1], np.int64), "heads_axis": np.array([2], np.int64),
-             "cut": np.array([4, 4], np.int64), "s0": np.array([0], np.int64), "s1": np.array([1], np.int64),
+             "cut": np.array([4, 4], np.int64), "start_odd": np.array([1], np.int64),
              "big": np.array([2 ** 62], np.int64), "last": np.array([-1], np.int64), "two": np.array([2], np.int64),
              "back": np.array([0, 0, 2, 4], np.int64)}
     model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
@@ -410,8 +413,6 @@ def test_gptj_dynamic_exports_fuse_and_agree_at_two_lengths(tmp_path, exporter):
     """GPT-J with a dynamic batch and sequence (``transformer_exports.py --size tiny``): both rotations of the
     layer become RotaryEmbedding over the gathered table, attention fuses, and the output agrees with the
     export's at batch 2 and two sequence lengths."""
-    import onnxruntime as ort
-
     from worker.engine.api import optimize as run
     from worker.engine.options import OptimizeOptions
 
@@ -419,11 +420,4 @@ def test_gptj_dynamic_exports_fuse_and_agree_at_two_lengths(tmp_path, exporter):
     run(source, target, OptimizeOptions(portable=True, target_opset=23, verify=False))
     ops = [n.op_type for n in onnx.load(str(target)).graph.node]
     assert (ops.count("RotaryEmbedding"), ops.count("Neg"), ops.count("Attention")) == (2, 0, 1)
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, target)]
-    rng = np.random.default_rng(0)
-    for seq in (5, 12):
-        ids = rng.integers(3, 100, (2, seq))
-        mask = np.ones((2, seq), np.int64)
-        mask[1, seq - 2:] = 0
-        want, got = (s.run(None, {"input_ids": ids, "attention_mask": mask})[0] for s in sessions)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    agree_at_two_lengths(source, target)
