@@ -32,9 +32,19 @@ if TYPE_CHECKING:
 
 
 class Rule:
-    """Subclass: set ``name``, define ``build_pattern``, and ``check`` and ``rewrite`` as needed."""
+    """Subclass: set ``name``, define ``build_pattern``, and ``check`` and ``rewrite`` as needed.
+
+    A pattern is built once per process for each rule class, name and ``pattern_args`` (the attributes besides
+    ``name`` that ``build_pattern`` reads, such as the op a parametrised rule matches), so rule objects stay
+    cheap to make for each run of a pass and may hold what one run builds. tests/engine/pattern/test_rule.py
+    checks that every rule's ``build_pattern`` reads nothing else of the rule.
+    """
 
     name = "rule"
+    pattern_args: tuple[str, ...] = ()
+
+    #: The compiled patterns of every rule so far, by ``_pattern_key``.
+    _compiled: dict[tuple, Matcher] = {}
 
     def __init__(self) -> None:
         self._matcher: Matcher | None = None
@@ -42,8 +52,14 @@ class Rule:
     @property
     def matcher(self) -> Matcher:
         if self._matcher is None:
-            self._matcher = Matcher(self.build_pattern())
+            key = self._pattern_key()
+            if key not in Rule._compiled:
+                Rule._compiled[key] = Matcher(self.build_pattern())
+            self._matcher = Rule._compiled[key]
         return self._matcher
+
+    def _pattern_key(self) -> tuple:
+        return (type(self), self.name, *(getattr(self, arg) for arg in self.pattern_args))
 
     def build_pattern(self) -> Pattern:
         raise NotImplementedError

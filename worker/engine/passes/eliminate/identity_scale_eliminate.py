@@ -43,6 +43,8 @@ def broadcasts_into(constant: np.ndarray, value: Value, out: Value) -> bool:
 class IdentityScaleRule(Rule):
     """x op c -> x, for the ops of ``NEUTRAL`` whose constant c is all their neutral element."""
 
+    pattern_args = ("ops", "commutative")
+
     def __init__(self, ops: tuple[str, ...], commutative: bool):
         super().__init__()
         self.ops, self.commutative = ops, commutative

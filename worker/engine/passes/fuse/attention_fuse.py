@@ -193,6 +193,8 @@ class HeadsLayout(Rule):
                                                                               kv_num_heads)
     (R: Reshape (b, s, h * d) <-> (b, s, h, d), T: Transpose (0, 2, 1, 3)), the op's 3-D form."""
 
+    pattern_args = ("cache",)
+
     def __init__(self, cache: bool):
         super().__init__()
         self.cache = cache

@@ -19,6 +19,8 @@ from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
 
 class BatchNormAffine(Rule):
+    pattern_args = ("op",)
+
     def __init__(self, op: str):
         super().__init__()
         self.op = op

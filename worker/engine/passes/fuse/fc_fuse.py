@@ -44,6 +44,8 @@ class MatMulAdd(Rule):
 class TransposedMatMul(Rule):
     """MatMul of a transposed 2-D input (slot 0 or 1) -> Gemm with transA/transB."""
 
+    pattern_args = ("slot",)
+
     def __init__(self, slot: int):
         super().__init__()
         self.slot = slot
@@ -69,6 +71,8 @@ class TransposedMatMul(Rule):
 
 class TransposedGemm(Rule):
     """Gemm reading a Transpose(perm=[1, 0]) at A or B -> the same Gemm with that trans flag flipped."""
+
+    pattern_args = ("slot",)
 
     def __init__(self, slot: int):
         super().__init__()

@@ -113,6 +113,8 @@ class _Fold(Rule):
 class ScaleBefore(_Fold):
     """Mul/Div of the data input by a per-input-channel constant -> scaled weights."""
 
+    pattern_args = ("op",)
+
     def __init__(self, op: str):
         super().__init__()
         self.op, self.name = op, f"{op.lower()}_before_linear"
@@ -138,6 +140,8 @@ class ScaleBefore(_Fold):
 
 class ShiftBefore(_Fold):
     """Add/Sub of a per-input-channel constant before an unpadded Conv or a Gemm -> a changed bias."""
+
+    pattern_args = ("op",)
 
     def __init__(self, op: str):
         super().__init__()
@@ -217,6 +221,8 @@ class ScaleShiftBefore(ScaleBefore):
 
 class ScaleAfter(_Fold):
     """Mul/Div of a Gemm's or MatMul's output by a per-column constant -> scaled weights (and C)."""
+
+    pattern_args = ("op",)
 
     def __init__(self, op: str):
         super().__init__()

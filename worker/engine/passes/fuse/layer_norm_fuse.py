@@ -24,6 +24,8 @@ AFFINE = ("full", "scale", "none")
 
 
 class LayerNormChain(Rule):
+    pattern_args = ("square", "affine")
+
     def __init__(self, square: str, affine: str):
         super().__init__()
         self.square, self.affine = square, affine

@@ -222,6 +222,8 @@ class Caches:
 
 
 class RotateHalf(Rule):
+    pattern_args = ("partial",)
+
     def __init__(self, partial: bool):
         super().__init__()
         self.partial = partial

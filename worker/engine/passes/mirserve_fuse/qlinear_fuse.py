@@ -163,6 +163,8 @@ def _user_kernel_refusal(ctx: PassContext, form: QLinearForm) -> str | None:
 class QLinearFusion(Rule):
     """DequantizeLinear of each operand -> ``form.op`` -> QuantizeLinear becomes ``form.name``."""
 
+    pattern_args = ("form",)
+
     def __init__(self, form: QLinearForm, zeros: _Zeros):
         super().__init__()
         self.form, self.zeros, self.name = form, zeros, form.name

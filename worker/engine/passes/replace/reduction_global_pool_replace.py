@@ -89,6 +89,8 @@ class _ReduceRule(Rule):
 
 
 class OneReduction(_ReduceRule):
+    pattern_args = ("op",)
+
     def __init__(self, op: str):
         super().__init__(op)
         self.name = f"{op.lower()}_spatial"
@@ -100,6 +102,8 @@ class OneReduction(_ReduceRule):
 
 
 class TwoReductions(_ReduceRule):
+    pattern_args = ("op",)
+
     def __init__(self, op: str):
         super().__init__(op)
         self.name = f"{op.lower()}_twice"

@@ -149,6 +149,8 @@ def is_binary(node: Node) -> bool:
 class ActivationFusion(Rule):
     """An op of ``base`` (one of ``op_types``) and the activation ``form`` applied to its output."""
 
+    pattern_args = ("op_types", "form")
+
     def __init__(self, base: Base, op_types: tuple[str, ...], form: Form):
         super().__init__()
         self.base, self.op_types, self.form = base, op_types, form

@@ -51,6 +51,8 @@ class FormRule(Rule):
     """A rule matching one written-out form of an activation, its pattern reading ``x``; subclasses check and
     rewrite."""
 
+    pattern_args = ("form",)
+
     def __init__(self, form: Form):
         super().__init__()
         self.form, self.name = form, form.name

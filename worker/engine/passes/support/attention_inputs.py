@@ -96,6 +96,8 @@ class CausalMask(Rule):
     """Attention(.., C) or Attention(.., And(C, m)), C the constant causal triangle (key j <= query i +
     past length) -> Attention(.., [m], is_causal=1)."""
 
+    pattern_args = ("padded",)
+
     def __init__(self, padded: bool):
         super().__init__()
         self.padded = padded

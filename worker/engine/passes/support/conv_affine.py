@@ -22,6 +22,8 @@ VERBS = {"Add": "added to", "Sub": "subtracted from", "Mul": "multiplying", "Div
 class ConvAffine(Rule):
     """conv(x) <op> c -> conv'(x), for op in Add, Sub, Mul, Div with c a per-output-channel constant."""
 
+    pattern_args = ("op",)
+
     def __init__(self, op: str):
         super().__init__()
         self.op = op

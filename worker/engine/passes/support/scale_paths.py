@@ -114,6 +114,8 @@ def apply(plan: Plan, factor: float) -> list[Value]:
 class TravellingScale(Rule):
     """Mul/Div by a scalar constant, absorbed upstream (backward) or downstream (forward)."""
 
+    pattern_args = ("op",)
+
     def __init__(self, op: str, direction: str):
         super().__init__()
         self.op, self.direction = op, direction

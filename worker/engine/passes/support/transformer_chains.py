@@ -20,6 +20,8 @@ INVERSES = ("reciprocal", "div_one", "div")
 
 
 class RMSNormChain(Rule):
+    pattern_args = ("square", "inverse", "has_scale")
+
     def __init__(self, square: str, inverse: str, has_scale: bool):
         super().__init__()
         self.square, self.inverse, self.has_scale = square, inverse, has_scale
@@ -137,6 +139,8 @@ class ScaledDotProduct(Rule):
     "split_shared" (the same, both times one constant value);
     ``nan_guard``: the weights pass through Where(IsNaN(w), 0, w) (the same decomposition's zero rows where
     every key is masked, what the op computes there)."""
+
+    pattern_args = ("scale", "masks", "float_softmax", "nan_guard")
 
     def __init__(self, scale: str, masks: int, float_softmax: bool = False, nan_guard: bool = False):
         super().__init__()

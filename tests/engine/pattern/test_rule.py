@@ -1,0 +1,44 @@
+"""A rule's pattern is built once per process for its class, name and ``pattern_args``: every rule declares what
+its ``build_pattern`` reads, rules that differ there get patterns of their own, and equal ones share one."""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import worker.engine.passes  # noqa: F401  (imports every built-in pass, and so every built-in rule)
+from worker.engine.passes.eliminate.identity_scale_eliminate import IdentityScaleRule
+from worker.engine.pattern import Rule
+
+
+def all_rules() -> list[type[Rule]]:
+    found, todo = [], [Rule]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [cls for cls in found if cls is not Rule]
+
+
+def attributes_read(function) -> set[str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def test_every_rule_declares_what_its_pattern_depends_on():
+    rules = [cls for cls in all_rules() if cls.build_pattern is not Rule.build_pattern]
+    assert len(rules) > 50  # the built-in rules were found
+    undeclared = {cls.__qualname__: sorted(read - {"name", *cls.pattern_args})
+                  for cls in rules if (read := attributes_read(cls.build_pattern)) - {"name", *cls.pattern_args}}
+    assert undeclared == {}, "build_pattern reads attributes missing from pattern_args (the cache would mix them up)"
+
+
+def test_rules_differing_only_in_pattern_args_get_patterns_of_their_own_and_equal_ones_share_one():
+    mul, add = IdentityScaleRule(("Mul",), commutative=True), IdentityScaleRule(("Add",), commutative=True)
+    assert mul.name == add.name  # the name alone would not tell them apart
+    assert mul.matcher is not add.matcher
+    assert [op.types for op in mul.matcher.pattern.ops.values()] == [frozenset({"Mul"})]
+    assert [op.types for op in add.matcher.pattern.ops.values()] == [frozenset({"Add"})]
+    assert IdentityScaleRule(("Mul",), commutative=True).matcher is mul.matcher
+    assert IdentityScaleRule(("Mul",), commutative=False).matcher is not mul.matcher
