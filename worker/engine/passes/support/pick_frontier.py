@@ -68,29 +68,29 @@ def solve_frontier(problem: Problem, work: float = WORK) -> tuple[list[int], flo
         return None
     reading, closing, last = _schedule(problem)
     flows, fixed = problem.flows, 0.0
-    start = []
+    layout = []  # the open flows, in the order of a state's entries
     for index, flow in enumerate(flows):
         if flow.producer >= 0:
             continue
         if index in last:
-            start.append((index, flow.source_id, ()))
+            layout.append(index)
         else:  # a graph input that is also an output and read by nobody: its cast does not depend on the plan
             fixed += problem.flow_casts(index, flow.source_id, ())[0]
-    states: dict[tuple, float] = {tuple(start): fixed}
+    states: dict[tuple, float] = {tuple((flows[i].source_id, ()) for i in layout): fixed}
     back: list[dict[tuple, tuple[tuple, int]]] = []
     for node in range(len(problem.nodes)):
-        ins, outs, costs = problem.ins[node], problem.outs[node], problem.costs[node]
+        step = _Step(problem, node, layout, reading[node], closing[node], last)
         following: dict[tuple, float] = {}
         links: dict[tuple, tuple[tuple, int]] = {}
         for state, cost in states.items():
-            for option, own in enumerate(costs):
-                key, total = _step(problem, state, node, option, ins[option], outs[option], reading[node],
-                                   closing[node], last)
+            for option, own in step.options:
+                key, total = step.take(state, option)
                 total += cost + own
                 if total < following.get(key, math.inf):
                     following[key], links[key] = total, (state, option)
         states = following
         back.append(links)
+        layout = step.after
     if not states:
         return None
     state, cost = min(states.items(), key=lambda item: item[1])
@@ -100,23 +100,48 @@ def solve_frontier(problem: Problem, work: float = WORK) -> tuple[list[int], flo
     return choice, cost
 
 
-def _step(problem: Problem, state: tuple, node: int, option: int, ins: tuple, outs: tuple,
-          reads: list[tuple[int, int]], closes: list[int], last: dict[int, int]) -> tuple[tuple, float]:
-    """The state after ``node`` takes ``option``, and the cost of the casts of the flows it closes."""
-    open_flows = {index: (source, demands) for index, source, demands in state}
-    for index, slot in reads:
-        source, demands = open_flows[index]
-        wanted = ins[slot]
-        if wanted not in demands:
-            open_flows[index] = (source, tuple(sorted(demands + (wanted,))))
-    cost = 0.0
-    for index in closes:
-        source, demands = open_flows.pop(index)
-        cost += problem.flow_casts(index, source, demands)[0]
-    for index in problem.writes[node]:
-        source = outs[problem.flows[index].slot]
-        if index in last:
-            open_flows[index] = (source, ())
-        else:  # read by nobody: a graph output only
-            cost += problem.flow_casts(index, source, ())[0]
-    return tuple(sorted((index, source, demands) for index, (source, demands) in open_flows.items())), cost
+class _Step:
+    """One node's move from the states before it to the states after it.
+
+    A state holds, per open flow in ``layout`` order, (the state its producer leaves it in, the sorted states
+    its decided readers want). Which flows are open before and after a node does not depend on any choice, so
+    where each flow sits is worked out once per node, not per transition. Options that read and make the same
+    states lead every state to the same next state: only the cheapest of them is tried (the first on a tie, as
+    when all are tried in order)."""
+
+    def __init__(self, problem: Problem, node: int, layout: list[int], reads: list[tuple[int, int]],
+                 closes: list[int], last: dict[int, int]):
+        self.problem, self.ins, self.outs = problem, problem.ins[node], problem.outs[node]
+        position = {index: p for p, index in enumerate(layout)}
+        self.reads = [(position[index], slot) for index, slot in reads]
+        self.closed = [(index, position[index]) for index in closes]
+        written = problem.writes[node]
+        self.outputs_only = [(index, problem.flows[index].slot) for index in written if index not in last]
+        gone = set(closes)
+        self.after = sorted([i for i in layout if i not in gone] + [i for i in written if i in last])
+        # each entry of the next state: (True, position in this state) or (False, the output slot it comes from)
+        self.recipe = [(True, position[i]) if i in position and i not in gone else (False, problem.flows[i].slot)
+                       for i in self.after]
+        cheapest: dict[tuple, tuple[float, int]] = {}
+        for option, own in enumerate(problem.costs[node]):
+            signature = (tuple(self.ins[option][slot] for _, slot in self.reads), self.outs[option])
+            if signature not in cheapest or own < cheapest[signature][0]:
+                cheapest[signature] = (own, option)
+        self.options = sorted(((option, own) for own, option in cheapest.values()))
+
+    def take(self, state: tuple, option: int) -> tuple[tuple, float]:
+        """The state after this node takes ``option``, and the cost of the casts of the flows it closes."""
+        entries = list(state)
+        ins, outs = self.ins[option], self.outs[option]
+        for p, slot in self.reads:
+            source, demands = entries[p]
+            wanted = ins[slot]
+            if wanted not in demands:
+                entries[p] = (source, tuple(sorted(demands + (wanted,))))
+        flow_casts = self.problem.flow_casts
+        cost = 0.0
+        for index, p in self.closed:
+            cost += flow_casts(index, *entries[p])[0]
+        for index, slot in self.outputs_only:  # read by nobody: a graph output only
+            cost += flow_casts(index, outs[slot], ())[0]
+        return tuple(entries[p] if kept else (outs[p], ()) for kept, p in self.recipe), cost
