@@ -95,6 +95,7 @@ def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
     assert pinned["project"] is Precision.FP16  # not pinned: as before
 
 
+@pytest.mark.models  # a bench architecture (bench/amp.py's encoder): 17 rebuilds and verifications
 def test_a_bench_encoder_keeps_one_node_in_fp32(tmp_path):
     """bench/bert_base_graph.py's encoder, small (2 layers, hidden 64), its weights drawn by verification: in
     fp16 its pooled output does not verify; one node in fp32 is enough, and AMP finds it."""
