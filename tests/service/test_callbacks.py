@@ -23,13 +23,18 @@ class Receiver:
     def __init__(self):
         self.received: list[tuple[dict, bytes]] = []
         self.statuses: list[int] = []
-        self.delay = 0.0
+        #: Requests that reached the handler, answered or not.
+        self.arrived: list[bytes] = []
+        #: Cleared, the receiver holds every request it gets (unanswered) until it is set again.
+        self.answering = threading.Event()
+        self.answering.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                time.sleep(outer.delay)
+                outer.arrived.append(body)
+                outer.answering.wait(30)
                 outer.received.append((dict(self.headers), body))
                 self.send_response(outer.statuses.pop(0) if outer.statuses else 204)
                 self.end_headers()
@@ -39,16 +44,19 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # serve_forever looks for shutdown() every poll_interval: its default (0.5 s) was each test's teardown.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
         self.thread.start()
 
-    def wait(self, count: int, timeout: float = 20) -> list[tuple[dict, bytes]]:
+    def wait(self, count: int, timeout: float = 20, what: str = "received") -> list:
         deadline = time.monotonic() + timeout
-        while len(self.received) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.received
+        while len(getattr(self, what)) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return getattr(self, what)
 
     def close(self):
+        self.answering.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -141,14 +149,15 @@ def test_jobs_that_fail_or_are_canceled_while_queued_are_notified_too(service, r
 
 def test_a_slow_receiver_holds_up_no_job(service, receiver):
     client, worker = service
-    receiver.delay = 3.0
+    receiver.answering.clear()  # the receiver takes every notice and answers none until the test lets it
     worker.start()
     first = submit(client, receiver.url, b"\x08\x07 first")
     wait_done(client, first["id"])
-    started = time.monotonic()
+    assert len(receiver.wait(1, what="arrived")) == 1  # the first notice is in the receiver, unanswered
     second = submit(client, receiver.url, b"\x08\x07 second")
     assert wait_done(client, second["id"])["status"] == "succeeded"
-    assert time.monotonic() - started < 2.5  # while the first notice is still being received
+    assert receiver.received == []  # the second job ended while the first notice was still being received
+    receiver.answering.set()
     assert len(receiver.wait(2, timeout=15)) == 2
 
 
