@@ -15,10 +15,19 @@ from worker.engine.errors import ModelError
 
 
 def scripted(model_path, output_path, options, progress, external_data_dir=None):
-    """Copy the model through ``passes`` fake passes, then do what ``options["then"]`` says."""
+    """Copy the model through ``passes`` fake passes, then do what ``options["then"]`` says.
+
+    With ``hold``, the first pass lasts until the test sends the engine process SIGUSR1 (``release``), at
+    most ``hold`` seconds: a job that is surely running while the test strikes, for exactly as long as the
+    test needs it, instead of a guessed ``pass_seconds``."""
     passes = int(options.get("passes", 3))
+    released = _released_by_sigusr1() if options.get("hold") else None
     for index in range(passes):
         progress(index + 1, passes, f"fake_pass_{index + 1}")
+        if index == 0 and released is not None:
+            deadline = time.monotonic() + float(options["hold"])
+            while not released and time.monotonic() < deadline:
+                time.sleep(0.01)  # short naps: the handler runs in this (the main) thread between them
         time.sleep(float(options.get("pass_seconds", 0)))
     then = options.get("then", "succeed")
     if then == "fail":
@@ -62,6 +71,23 @@ def scripted(model_path, output_path, options, progress, external_data_dir=None)
                                         "io_bytes": {"formula": "16*batch", "terms": [[16, {"batch": 1}]]},
                                         "planned_at": [{"batch": 1}, {"batch": 2}], "checked_at": [{"batch": 3}]}
     return report
+
+
+def _released_by_sigusr1() -> list:
+    """A list that becomes non-empty when this process gets SIGUSR1 (installed before the first progress
+    report, so that a test that waits for that report cannot signal too early)."""
+    import signal
+
+    released = []
+    signal.signal(signal.SIGUSR1, lambda *_: released.append(True))
+    return released
+
+
+def release(pid: int) -> None:
+    """Let a job submitted with ``hold`` go on past its first pass (``pid``: its engine process)."""
+    import signal
+
+    os.kill(pid, signal.SIGUSR1)
 
 
 def record(name: str, data: dict) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import time
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from tests.service.conftest import FAKE_ENGINE, make_config, new_job, upgraded_database
+from tests.service.engines import release
 from tests.service.server import ServiceProcess
 from tests.service.test_api import assert_problem, leftovers, post_model, wait_done
 from worker.jobs.consumer import JobWorker
@@ -58,16 +60,29 @@ def worker_process(config, log_path, **settings) -> ServiceProcess:
 
 @pytest.fixture
 def cluster(tmp_path):
-    """A job table and queue on SQLite, and real worker processes started on them (killed at the end)."""
+    """A job table and queue on SQLite, real worker processes started on them (killed at the end), and
+    ``successor``: another worker on them, embedded in this process.
+
+    The worker under test is always a real process (it is the one signalled). The successor only has to be
+    some other worker that takes what the first left or gave back; embedded, it starts in milliseconds on this
+    process's warm fork server, where a second ``mirserve worker`` cost a second of imports and its fork
+    server's warm-up on every test."""
     config = make_config(tmp_path / "data", lease_seconds=30.0, heartbeat_seconds=0.5)
     upgraded_database(config.effective_database_url)
     store, queue = JobStore(config.effective_database_url), JobQueue.connect(config)
     files = JobFiles(open_storage(None, config.data_dir))
     started: list[ServiceProcess] = []
+    embedded: list[JobWorker] = []
 
     def start(**settings) -> ServiceProcess:
         worker = worker_process(config, tmp_path / f"worker-{len(started)}.log", **settings)
         started.append(worker)
+        return worker
+
+    def successor() -> JobWorker:
+        worker = JobWorker(config)
+        worker.start()
+        embedded.append(worker)
         return worker
 
     def submit(max_attempts: int = 3, **options) -> str:
@@ -76,9 +91,11 @@ def cluster(tmp_path):
         queue.enqueue(job.id)
         return job.id
 
-    yield store, start, submit
+    yield SimpleNamespace(store=store, start=start, successor=successor, submit=submit)
     for worker in started:
         worker.kill()
+    for worker in embedded:
+        worker.stop(timeout=5)
     queue.flush()
     queue.close()
     store.dispose()
@@ -108,25 +125,26 @@ def alive(pid: int) -> bool:
 
 
 def test_sigterm_lets_a_running_job_finish_and_claims_nothing_more(cluster):
-    store, start, submit = cluster
+    store, start, submit = cluster.store, cluster.start, cluster.submit
     worker = start(shutdown_grace_seconds=30)
-    job_id = submit(passes=3, pass_seconds=0.7)
-    running(store, job_id, worker)
+    job_id = submit(passes=3, hold=60)  # runs until released below
+    pid = running(store, job_id, worker).child_pid
     worker.process.send_signal(signal.SIGTERM)
     later = submit(passes=1)  # sent while the worker drains: it must not take it
+    wait_for(lambda: "draining" in worker.log(), 20, "the worker to drain", worker)
+    release(pid)  # the running job finishes now, within the grace period
     assert worker.process.wait(30) == 0, worker.log()
     job = store.get(job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1), worker.log()
     waiting = store.get(later)
     assert (waiting.state, waiting.attempt) == (JobState.QUEUED, 0), worker.log()
-    assert "draining" in worker.log()
-    successor = start()  # the message the draining worker did not take is still there for another
-    wait_for(lambda: store.get(later).state is JobState.SUCCEEDED, 30, "the later job to run", successor)
+    cluster.successor()  # the message the draining worker did not take is still there for another
+    wait_for(lambda: store.get(later).state is JobState.SUCCEEDED, 30, "the later job to run")
 
 
 def test_after_the_grace_period_running_jobs_are_released_to_another_worker_at_once(cluster):
-    store, start, submit = cluster
-    worker = start(shutdown_grace_seconds=1)
+    store, start, submit = cluster.store, cluster.start, cluster.submit
+    worker = start(shutdown_grace_seconds=0.5)
     job_id = submit(max_attempts=1, passes=1, pass_seconds=60)
     pid = running(store, job_id, worker).child_pid
     signalled = time.monotonic()
@@ -143,14 +161,14 @@ def test_after_the_grace_period_running_jobs_are_released_to_another_worker_at_o
         conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
                      .values(spec={"places": "x86/fp32/nchw", "options": {"passes": 1}}))
     released = time.monotonic()
-    successor = start()
-    wait_for(lambda: store.get(job_id).state is JobState.SUCCEEDED, 30, "another worker to run it", successor)
+    cluster.successor()
+    wait_for(lambda: store.get(job_id).state is JobState.SUCCEEDED, 30, "another worker to run it")
     assert time.monotonic() - released < 25  # well before the 30 s lease would have run out
     assert store.get(job_id).attempt == 2
 
 
 def test_a_second_signal_ends_the_grace_period(cluster):
-    store, start, submit = cluster
+    store, start, submit = cluster.store, cluster.start, cluster.submit
     worker = start(shutdown_grace_seconds=120)
     job_id = submit(passes=1, pass_seconds=60)
     running(store, job_id, worker)
