@@ -149,12 +149,12 @@ def test_the_memory_limit_stops_a_hungry_engine_with_a_clear_error(make_worker):
 
 
 def test_the_time_limit_kills_a_slow_engine(make_worker):
-    worker = make_worker(job_time_limit_seconds=1.0)
+    worker = make_worker(job_time_limit_seconds=0.5)
     job_id = submit(worker, passes=1, pass_seconds=30)
     pid = running_with_child(worker, job_id).child_pid
     job = finished(worker, job_id, timeout=10)
     assert (job.state, job.error_type) == (JobState.FAILED, "TimeLimitError")
-    assert "time limit of 1 s" in job.error_message
+    assert "time limit of 0.5 s" in job.error_message
     assert not _alive(pid)
 
 
@@ -170,8 +170,10 @@ def test_cancel_kills_the_running_engine(make_worker):
 
 def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
     worker = make_worker()
-    job_id = submit(worker, passes=3, pass_seconds=0.4)
-    os.kill(running_with_child(worker, job_id).child_pid, signal.SIGKILL)
+    job_id = submit(worker, passes=3, pass_seconds=30)
+    pid = running_with_child(worker, job_id).child_pid
+    _quicken(worker.store, job_id)  # the retry may be quick (the running engine has its options already)
+    os.kill(pid, signal.SIGKILL)
     job = finished(worker, job_id)
     assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
     assert "killed by SIGKILL" in job.retry_reason
@@ -184,15 +186,18 @@ def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
     """The reaper gives the job to another worker while the first still runs: only the second publishes."""
     # The lease is expired by hand; a long one keeps a loaded machine's late heartbeat from reaping attempt 2.
     first = make_worker(lease_seconds=30.0)
-    job_id = submit(first, passes=4, pass_seconds=0.5)
+    job_id = submit(first, passes=4, hold=60)  # attempt 1 runs until it is killed
     stale = running_with_child(first, job_id)
     _expire_lease(first.store, job_id)
     assert [r.job_id for r in first.store.reap_expired()] == [job_id]
+    _quicken(first.store, job_id)  # attempt 2 does not hold
     first.queue.enqueue(job_id)
     second = make_worker(lease_seconds=30.0)
     job = finished(second, job_id)
     assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
-    assert not _alive(stale.child_pid)  # the first attempt noticed and killed its engine
+    # The first attempt notices at its next heartbeat and kills its engine, which would otherwise hold 60 s.
+    wait_for(lambda: not _alive(stale.child_pid), 10, "the stale attempt to kill its engine")
+    assert first.store.get(job_id).artifact_attempt == 2
     wait_for(lambda: attempt_dirs(first, job_id) == ["attempt-2"], 10, "the stale attempt's files to go")
 
 
@@ -203,9 +208,7 @@ def test_stopping_a_worker_gives_its_running_job_back(make_worker):
     first.stop(timeout=5)
     assert not _alive(pid)
     assert first.store.get(job_id).state is JobState.QUEUED
-    with write_transaction(first.store.engine) as conn:  # let the second run go quickly
-        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
-                     .values(spec={"places": "x86/fp32/nchw", "options": {"passes": 1}}))
+    _quicken(first.store, job_id)  # let the second run go quickly
     second = make_worker()
     job = finished(second, job_id)
     assert (job.state, job.attempt) == (JobState.SUCCEEDED, 2)
@@ -213,7 +216,7 @@ def test_stopping_a_worker_gives_its_running_job_back(make_worker):
 
 
 def test_a_lost_queue_message_is_sent_again(make_worker):
-    worker = make_worker(requeue_after_seconds=0.5)
+    worker = make_worker(requeue_after_seconds=0.1)
     job = new_job(worker.files)
     worker.store.create(job)  # in the table, but no message in the queue
     assert finished(worker, job.id, timeout=15).state is JobState.SUCCEEDED
@@ -247,6 +250,13 @@ def test_abandoned_uploads_orphan_files_and_dead_workers_scratch_are_swept(make_
     assert worker.reaper.run_once(sweep=True).leftovers == 3
     assert not abandoned.partial.exists() and storage.children("jobs/") == ["arriving"] and not dead_scratch.exists()
     assert arriving.partial.exists() and worker.files.scratch.parent.is_dir()
+
+
+def _quicken(store: JobStore, job_id: str) -> None:
+    """The job's next attempt runs one pass without waiting (an attempt already running keeps its options)."""
+    with write_transaction(store.engine) as conn:
+        conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
+                     .values(spec={"places": "x86/fp32/nchw", "options": {"passes": 1}}))
 
 
 def _expire_lease(store: JobStore, job_id: str) -> None:
