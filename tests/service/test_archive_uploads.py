@@ -9,15 +9,17 @@ import onnxruntime
 import pytest
 
 from tests.service.archives import HOSTILE_CASES, hostile, model_naming, model_with_external_data, pack, pack_directory
-from tests.service.server import Server
 
 PLACES = "x86/fp32/nchw"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with Server(tmp_path_factory.mktemp("archives") / "data", max_upload_mb=64) as running:
-        yield running
+def server(real_server):
+    """The session's ``mirserve serve`` (tests/conftest.py), whose settings are the ones this module needs (a
+    64 MB upload cap, the real engine): a server of its own cost another start of one (about 2 s on each
+    xdist worker that ran a test of this module). Each test looks only at its own job, or compares the data
+    directory before and after its own request."""
+    return real_server
 
 
 @pytest.fixture(scope="module")
