@@ -3,7 +3,6 @@ given as ``token=`` or MIRSERVE_TOKEN goes as a bearer token, a missing or revok
 (one line from the commands), and another owner's job is ``NotFound``."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +13,6 @@ from app.client import Client
 from app.client.errors import NotFound, Unauthorized
 from tests.client.conftest import MODEL_BYTES, running_service
 from worker.jobs import JobStore, KeyStore
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +26,41 @@ def keyed(tmp_path_factory):
         store.dispose()
 
 
-def remote(*args: str, server, token: str | None, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MIRSERVE_SERVER": server.url, "COLUMNS": "110"}
-    env.pop("MIRSERVE_TOKEN", None)
-    if token is not None:
-        env["MIRSERVE_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+@pytest.fixture
+def remote(monkeypatch, capsys):
+    """``mirserve ARGS`` with MIRSERVE_SERVER, MIRSERVE_TOKEN (when given) and the working directory set, run
+    by the program's own ``main`` in this process: what it prints and its exit status.
+
+    A process per command cost each about half a second of interpreter start and imports (app.cli imports the
+    engine's command line); what these tests are about (the key from MIRSERVE_TOKEN going as a bearer
+    token, a refusal printed as one line with status 1) is the same in process. The program as a process is
+    what tests/client/test_remote_cli.py runs."""
+    from app.cli import main
+
+    def run(*args: str, server, token: str | None, cwd: Path) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as patched:
+            patched.setenv("MIRSERVE_SERVER", server.url)
+            patched.setenv("COLUMNS", "110")
+            patched.delenv("MIRSERVE_TOKEN", raising=False)
+            if token is not None:
+                patched.setenv("MIRSERVE_TOKEN", token)
+            patched.chdir(cwd)
+            capsys.readouterr()
+            try:
+                status = main(list(args))
+            except SystemExit as exit:  # as the interpreter would end: a message is printed, status 1
+                status = exit.code if isinstance(exit.code, int) or exit.code is None else 1
+                if not isinstance(exit.code, int) and exit.code is not None:
+                    print(exit.code, file=sys.stderr)
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["mirserve", *args], status or 0, out, err)
+
+    return run
 
 
 def test_the_client_sends_its_key_and_sees_only_its_owners_jobs(keyed, model_file, monkeypatch):
     with Client(keyed.url, token=keyed.tokens["alice"]) as alice:
-        job = alice.submit(model_file).wait(timeout=30)
+        job = alice.submit(model_file).wait(timeout=30, poll_interval=0.05)  # not the 2 s of Retry-After
         assert job.status == "succeeded"
         downloaded = job.download(model_file.parent / "out.onnx")
         assert downloaded.read_bytes() == MODEL_BYTES
@@ -59,7 +79,8 @@ def test_the_client_sends_its_key_and_sees_only_its_owners_jobs(keyed, model_fil
         assert nobody.health()["status"] == "ok"
 
 
-def test_submit_jobs_job_and_cancel_commands_work_with_a_key_and_refuse_without(keyed, model_file, tmp_path):
+def test_submit_jobs_job_and_cancel_commands_work_with_a_key_and_refuse_without(keyed, model_file, tmp_path,
+                                                                                remote):
     alice, bob = keyed.tokens["alice"], keyed.tokens["bob"]
     submitted = remote("submit", str(model_file), "--wait", "-o", "out.onnx", server=keyed, token=alice,
                        cwd=tmp_path)
