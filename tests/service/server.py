@@ -73,7 +73,7 @@ class Server:
                     return
             except httpx.TransportError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise AssertionError(f"mirserve {self.command} was not ready in {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
@@ -106,7 +106,7 @@ class Server:
             job = self.client.get(f"/jobs/{job_id}").json()
             if job["status"] in statuses:
                 return job
-            time.sleep(0.1)
+            time.sleep(0.05)
         raise AssertionError(f"job {job_id} still {job and job['status']} after {timeout} s:\n{self.log()}")
 
 
