@@ -144,7 +144,7 @@ def make_config(data_dir: Path, database_url: str | None = None, redis_url: str 
                 **overrides) -> JobSettings:
     values = dict(data_dir=data_dir, database_url=database_url or f"sqlite:///{data_dir / 'mirserve.db'}",
                   redis_url=redis_url, queue_name=f"mirserve-test-{secrets.token_hex(4)}", engine=FAKE_ENGINE,
-                  lease_seconds=3.0, heartbeat_seconds=0.3, reaper_interval_seconds=0.3, job_memory_mb=2048,
+                  lease_seconds=3.0, heartbeat_seconds=0.1, reaper_interval_seconds=0.1, job_memory_mb=2048,
                   job_time_limit_seconds=60.0, poll_seconds=0.05, queue_wait_seconds=0.1)
     values.update(overrides)
     return JobSettings(**values)
