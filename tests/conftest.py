@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -137,20 +136,6 @@ def _global_names(code) -> set[str]:
     return names
 
 
-@functools.cache
-def _source(function) -> str:
-    """The function's source, read once per function, not once per test: reading it tokenizes it, and the
-    quick loop's 2,600 tests come from about 600 functions."""
-    import inspect
-
-    if function is None:
-        return ""
-    try:
-        return inspect.getsource(function)
-    except (OSError, TypeError):
-        return ""
-
-
 #: The names of tests/conftest.py through which a test reaches the real models.
 _REAL_MODEL_NAMES = frozenset({"CORPUS", "LIGHT", "light_models", "all_models"})
 
@@ -162,15 +147,35 @@ def _test_and_fixture_functions(item) -> list:
     return [getattr(item, "function", None), *fixtures]
 
 
+@functools.cache
 def _starts_the_service(function) -> bool:
-    return bool(_SERVICE_CODE.search(_source(function)))
+    """The function's compiled code (with the functions and lambdas nested in it) reads one of
+    ``_SERVICE_NAMES`` or holds the string ``_SERVICE_MODULE``. It reads the names the code uses, as
+    ``_opens_a_real_model`` does, not the source: tokenizing the source of every test and fixture function cost
+    0.7 s of each collection (in each xdist worker)."""
+    import inspect
+
+    code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
+    return code is not None and (not _SERVICE_NAMES.isdisjoint(_global_names(code)) or _SERVICE_MODULE in
+                                 _string_constants(code))
+
+
+def _string_constants(code) -> set[str]:
+    """The string constants of a function's code and of the code nested in it."""
+    found = set()
+    for const in code.co_consts:
+        if isinstance(const, str):
+            found.add(const)
+        elif hasattr(const, "co_consts"):
+            found |= _string_constants(const)
+    return found
 
 
 #: What starts the service for real: ``mirserve serve``/``api``/``worker`` processes (tests.service.server), an
-#: API on a real socket (tests.client.conftest), a JobWorker (whose jobs run in real engine processes), an engine
-#: process on its own (tests.service.start_engine).
-_SERVICE_CODE = re.compile(r"\b(?:Server|ServiceProcess|worker_process|running_service|JobWorker)\(|"
-                           r"tests\.service\.start_engine")
+#: API on a real socket (tests.client.conftest), a JobWorker (whose jobs run in real engine processes); and the
+#: module that starts an engine process on its own, run with ``python -m``.
+_SERVICE_NAMES = frozenset({"Server", "ServiceProcess", "worker_process", "running_service", "JobWorker"})
+_SERVICE_MODULE = "tests.service.start_engine"
 
 
 @pytest.fixture(scope="session", autouse=True)
