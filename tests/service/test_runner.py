@@ -2,7 +2,8 @@
 
 The engine here is ``tests.service.engines:scripted`` (a real child process, a fake optimizer whose behaviour
 the job's options script), so every outcome of a child can be produced on purpose. Each test runs on
-SQLite + SqliteHuey and on PostgreSQL + RedisHuey against the local servers.
+SQLite + SqliteHuey + the data directory and on PostgreSQL + RedisHuey + S3 against the local servers, but
+those about the engine process alone (``ENGINE_PROCESS_ONLY``) and those that need local files.
 """
 from __future__ import annotations
 
@@ -120,6 +121,13 @@ def test_a_user_error_fails_the_job_at_once_with_its_message_and_field(make_work
     assert "not an ONNX model" in job.error_message
 
 
+#: For tests of what happens in and to the engine process (its signals, limits, how it is started): the job
+#: table, queue and storage only record the outcome, through the same store.fail() that
+#: test_a_user_error_fails_the_job... runs on both backends; a second backend would prove nothing more.
+ENGINE_PROCESS_ONLY = pytest.mark.parametrize("backends", ["sqlite+sqlite+local"], indirect=True)
+
+
+@ENGINE_PROCESS_ONLY
 def test_an_engine_crash_fails_the_job_naming_the_signal(make_worker):
     worker = make_worker()
     job = finished(worker, submit(worker, then="crash"))
@@ -127,6 +135,7 @@ def test_an_engine_crash_fails_the_job_naming_the_signal(make_worker):
     assert "SIGABRT" in job.error_message
 
 
+@ENGINE_PROCESS_ONLY
 @pytest.mark.parametrize("warm", [True, False])
 def test_every_job_gets_a_fresh_engine_process_forked_warm_or_started_cold(make_worker, warm):
     worker = make_worker(warm_engines=warm)
@@ -141,6 +150,7 @@ def test_every_job_gets_a_fresh_engine_process_forked_warm_or_started_cold(make_
     assert all(r["engine_loaded"] is warm and (r["ppid"] != os.getpid()) is warm for r in records)
 
 
+@ENGINE_PROCESS_ONLY
 def test_the_memory_limit_stops_a_hungry_engine_with_a_clear_error(make_worker):
     worker = make_worker(job_memory_mb=512)
     job = finished(worker, submit(worker, then="hog", hog_mb=1024))
@@ -148,6 +158,7 @@ def test_the_memory_limit_stops_a_hungry_engine_with_a_clear_error(make_worker):
     assert "job limit of 512 MiB" in job.error_message
 
 
+@ENGINE_PROCESS_ONLY
 def test_the_time_limit_kills_a_slow_engine(make_worker):
     worker = make_worker(job_time_limit_seconds=0.5)
     job_id = submit(worker, passes=1, pass_seconds=30)
