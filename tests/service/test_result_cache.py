@@ -36,6 +36,12 @@ def storage_url(request):
     return f"s3://{request.getfixturevalue('s3_bucket')}/cache-test"
 
 
+#: For tests of what the cache key is made of and of the API's checks: the store of artifacts (the data directory
+#: or S3, the only thing the two parameters change) plays no part in them; the tests that copy, serve and delete
+#: cached results run on both.
+KEY_AND_API_ONLY = pytest.mark.parametrize("storage_url", ["local"], indirect=True)
+
+
 @pytest.fixture
 def service(tmp_path, storage_url):
     """The API and one worker with the scripted engine, sharing the job table and the store."""
@@ -85,6 +91,7 @@ def test_an_identical_submission_reuses_the_result_without_running(service):
     print(f"cached submission answered in {elapsed * 1000:.1f} ms (in process, upload included)")
 
 
+@KEY_AND_API_ONLY
 def test_anything_that_changes_the_result_misses(service):
     client, settings = service
     first = wait_done(client, post_model(client, options={"opt_level": 1}).json()["id"])
@@ -112,6 +119,7 @@ def test_cache_false_runs_again_and_its_result_is_reused_from_then_on(service):
     assert again["cached_from"] == forced["id"]  # the newest result
 
 
+@KEY_AND_API_ONLY
 def test_a_cache_option_must_be_a_boolean(service):
     client, _ = service
     body = assert_problem(post_model(client, options={"cache": "no"}), 422, field="options.cache")
@@ -185,6 +193,7 @@ def test_the_cache_key_names_the_engine_and_its_plugins():
     assert key != cache_key("a" * 64, spec, {**identity, "plugins": identity["plugins"] + [plugin]})
 
 
+@KEY_AND_API_ONLY
 def test_a_job_is_offered_for_reuse_under_the_key_of_the_engine_that_ran_it(service):
     client, settings = service
     job = wait_done(client, post_model(client).json()["id"])
