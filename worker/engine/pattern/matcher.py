@@ -53,10 +53,18 @@ class Matcher:
         self._orders: dict[str, list[Step]] = {first.key: _traversal(pattern, first)}  # checks it is connected
 
     def anchor(self, graph: Graph) -> OpPattern:
-        """The pattern op with the fewest candidates in ``graph`` (the first declared one on a tie)."""
-        def count(op: OpPattern) -> int:
-            return sum(graph.count_of_type(t, op.domain) for t in op.types)
-        return min(self.pattern.ops.values(), key=count)
+        """The pattern op with the fewest candidates in ``graph`` (the first declared one on a tie; the first
+        with none at once, as most rules find one of their ops missing from most graphs)."""
+        best, fewest = None, -1
+        for op in self.pattern.ops.values():
+            count = 0
+            for op_type in op.types:
+                count += graph.count_of_type(op_type, op.domain)
+            if count == 0:
+                return op
+            if fewest < 0 or count < fewest:
+                best, fewest = op, count
+        return best
 
     def candidates(self, graph: Graph) -> tuple[OpPattern, list[Node]]:
         """The anchor and its candidate nodes of ``graph`` (not its bodies), in graph order."""
