@@ -224,3 +224,15 @@ def _catch(errors: list, function, *args, **kwargs) -> None:
         function(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the test reads it
         errors.append(exc)
+
+
+def test_the_servers_warm_up_starts_no_thread():
+    """The server pays onnxruntime's first session and numpy's lazy pieces before it forks; a thread running in
+    it would make forking unsafe, so the warm-up must leave the thread count as the imports left it."""
+    script = ("import os, numpy, numpy.random, onnx, onnxruntime, worker.engine.numeric as n\n"
+              "count = lambda: len(os.listdir('/proc/self/task'))\n"
+              "before = count(); n.warm_up(); print(before, count())")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, after = map(int, done.stdout.split())
+    assert after == before

@@ -6,7 +6,10 @@ half a second of CPU, and auto mixed precision and the tests start hundreds of t
 once per engine process, on its first check, with those modules imported and nothing else of note; each check
 is a fresh fork of it that runs that one check and exits, so nothing of one model is left for the next. The
 server never runs a model itself: onnxruntime makes its thread pools with a session, and forking a process
-that has them running is not safe. What the imports start is idle when the server forks: onnxruntime's one
+that has them running is not safe. It does make one session before it serves (``numeric.warm_up``), with one
+intra-op and one inter-op thread, which start no thread, so that each check does not pay for onnxruntime's
+environment and kernel registry and numpy's lazily loaded pieces again (a check of a two-node model: 28 ms
+-> 16 ms). What the imports start is idle when the server forks: onnxruntime's one
 thread waits on a timed condition (it wakes every few seconds, holding its lock for microseconds), and
 OpenBLAS stops its threads before each fork (its own fork handler) and the server makes no BLAS call to
 start them again; a fork takes only the forking thread along.
@@ -310,12 +313,15 @@ atexit.register(_close_at_exit)
 def _preload() -> None:
     """What every check imports; nothing here starts a thread pool or an onnxruntime session."""
     import numpy  # noqa: F401
+    import numpy.random  # noqa: F401  (numpy loads it on first use: 14 ms of every check's child)
     import onnx  # noqa: F401
     import onnxruntime  # noqa: F401
 
     import worker.engine.children  # noqa: F401
-    import worker.engine.numeric  # noqa: F401
+    import worker.engine.numeric
     import worker.engine.sample_shapes  # noqa: F401
+
+    worker.engine.numeric.warm_up()
 
 
 def _serve(channel: socket.socket) -> None:

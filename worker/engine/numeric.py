@@ -407,6 +407,25 @@ def _out_of_memory(exc: BaseException, request: dict) -> str | None:
             f"raise it with --limit verify_memory_mb=N)")
 
 
+def warm_up() -> None:
+    """Pay in the fork server, once, what each forked check would pay on its own first use: the pieces of
+    numpy a comparison builds lazily, and onnxruntime's environment and kernel registry, which its first
+    session makes. That session has no thread pool (one intra-op and one inter-op thread: the calling one),
+    so the server stays safe to fork; it is dropped at once and never runs."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    _compare("warm-up", np.zeros(2, np.float32), np.ones(2, np.float32), DEFAULT_RTOL, DEFAULT_ATOL, 0)
+    value = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y")]
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm_up", value[:1],
+                                                value[1:]), opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def _child(request: dict) -> dict:
     global _CHUNK_BYTES
     _CHUNK_BYTES = int(request.get("chunk_bytes") or 0)
