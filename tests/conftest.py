@@ -85,9 +85,8 @@ def pytest_collection_modifyitems(config, items):
     """A test parametrized over a real model (a corpus file or a light-zoo model, by path or by name), or whose
     code opens one (it names ``CORPUS``, ``LIGHT``, ``light_models()`` or ``all_models()``, or a module constant
     that is a real model's path or name, itself or through a helper of the test's module or a fixture), runs real
-    models: it gets
-    the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test having to remember
-    the mark. A test whose code or fixtures start the service (``_SERVICE_CODE``) gets the ``service`` mark:
+    models: it gets the ``models`` mark, so ``-m "not models"`` stays the quick loop without each such test
+    having to remember the mark. A test whose code or fixtures start the service (``_SERVICE_CODE``) gets the ``service`` mark:
     ``-m "not models and not service"`` leaves out the tests that wait on real servers and processes."""
     for item in items:
         callspec = getattr(item, "callspec", None)

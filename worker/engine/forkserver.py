@@ -8,11 +8,11 @@ is a fresh fork of it that runs that one check and exits, so nothing of one mode
 server never runs a model itself: onnxruntime makes its thread pools with a session, and forking a process
 that has them running is not safe. It does make one session before it serves (``numeric.warm_up``), with one
 intra-op and one inter-op thread, which start no thread, so that each check does not pay for onnxruntime's
-environment and kernel registry and numpy's lazily loaded pieces again (a check of a two-node model: 28 ms
--> 16 ms). What the imports start is idle when the server forks: onnxruntime's one
-thread waits on a timed condition (it wakes every few seconds, holding its lock for microseconds), and
-OpenBLAS stops its threads before each fork (its own fork handler) and the server makes no BLAS call to
-start them again; a fork takes only the forking thread along.
+environment and kernel registry and numpy's lazily loaded pieces again (a check of a two-node model: 28 ms ->
+16 ms). What the imports start is idle when the server forks: onnxruntime's one thread waits on a timed
+condition (it wakes every few seconds, holding its lock for microseconds), and OpenBLAS stops its threads
+before each fork (its own fork handler) and the server makes no BLAS call to start them again; a fork takes
+only the forking thread along.
 
 A forked child keeps what the subprocess it replaces had: its stdin, stdout and stderr are pipes the caller
 gives it (over a Unix socket); its address-space limit is set in the child before it reads its request; the
@@ -311,7 +311,8 @@ atexit.register(_close_at_exit)
 # --- the server process ---------------------------------------------------------------------------------
 
 def _preload() -> None:
-    """What every check imports; nothing here starts a thread pool or an onnxruntime session."""
+    """What every check imports, and the warm-up of what it builds on first use; nothing here starts a thread
+    (the warm-up's onnxruntime session has no thread pool)."""
     import numpy  # noqa: F401
     import numpy.random  # noqa: F401  (numpy loads it on first use: 14 ms of every check's child)
     import onnx  # noqa: F401

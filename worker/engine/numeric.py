@@ -417,9 +417,9 @@ def warm_up() -> None:
     from onnx import TensorProto, helper
 
     _compare("warm-up", np.zeros(2, np.float32), np.ones(2, np.float32), DEFAULT_RTOL, DEFAULT_ATOL, 0)
-    value = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y")]
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm_up", value[:1],
-                                                value[1:]), opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y"))
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm_up", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
