@@ -394,15 +394,16 @@ _FLOAT_ELEMENT = {"fp32": "float", "fp16": "float16"}
 
 def body_compute_ops(op: str, opset: int = DERIVE_OPSET) -> list[str]:
     """The ops of ``op``'s function body that compute on its data, in body order: every node except those
-    that only make constants (Constant, and anything whose inputs are all constants; CastLike takes only the
-    type of its second input, so a CastLike of a constant is a constant too)."""
+    that only make constants or shapes (Constant, Shape, and anything whose inputs are all constants or
+    shapes: ChannelShuffle's Gather/Div/Concat of its input's shape; CastLike takes only the type of its
+    second input, so a CastLike of a constant is a constant too)."""
     from worker.engine.mirserve_domain.fused import SPECS
 
     constant: set[str] = set()
     found = []
     for node in SPECS[op].body(opset).nodes:
         reads = list(node.input)[:1] if node.op_type == "CastLike" else [n for n in node.input if n]
-        if all(name in constant for name in reads):
+        if node.op_type == "Shape" or all(name in constant for name in reads):
             constant.update(node.output)
         else:
             found.append(node.op_type)
@@ -441,9 +442,10 @@ def _carried_constraints(constraints: dict | None, op: str) -> dict | None:
 
 
 def derived_fused_entries(target: str, kernels: list[dict], underived: set[str] = frozenset()) -> list[dict]:
-    """Kernels of the ``mirserve`` ops defined by a function body of float ops (Fused<Base><Activation> and the
-    transformer ops Gelu, GeluTanh, RMSNorm, ScaledDotProductAttention) that ``target`` runs because its table
-    runs every op of their body: one per kernel of the base op (the body's first: Conv, Gemm, MatMul, ...) in a
+    """Kernels of the ``mirserve`` ops defined by a function body of float ops (ChannelShuffle,
+    Fused<Base><Activation> and the transformer ops Gelu, GeluTanh, RMSNorm, ScaledDotProductAttention) that
+    ``target`` runs because its table runs every op of their body: one per kernel of the base op (the body's
+    first: Reshape, Conv, Gemm, MatMul, ...) in a
     float precision and a layout where every other op of the body has a kernel too, with that base kernel's
     constraints.
 
@@ -455,7 +457,7 @@ def derived_fused_entries(target: str, kernels: list[dict], underived: set[str] 
 
     declared = {(k["op"], k["precision"], k["layout"]) for k in kernels if k["domain"] == OWN}
     rows = []
-    for op in [*fused_op_names(), *TRANSFORMER_OPS]:
+    for op in ["ChannelShuffle", *fused_op_names(), *TRANSFORMER_OPS]:
         if op in underived:
             continue
         compute = body_compute_ops(op)
