@@ -7,6 +7,7 @@ migrations existed (the tables without a version table) is taken as the first re
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
@@ -35,13 +36,19 @@ def _config(connection=None) -> Config:
     return config
 
 
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    """The revision scripts, read once per process (each read imports every revision file)."""
+    return ScriptDirectory.from_config(_config())
+
+
 def head_revision() -> str:
-    return ScriptDirectory.from_config(_config()).get_current_head()
+    return _scripts().get_current_head()
 
 
 def revisions() -> list[str]:
     """Every revision, oldest first."""
-    return [script.revision for script in reversed(list(ScriptDirectory.from_config(_config()).walk_revisions()))]
+    return [script.revision for script in reversed(list(_scripts().walk_revisions()))]
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -58,6 +65,9 @@ def _predates_migrations(connection) -> bool:
 def upgrade(engine: Engine, revision: str = "head") -> str:
     """Apply every revision up to ``revision``; returns the database's revision afterwards."""
     with write_transaction(engine) as connection:
+        at = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        if at is not None and at == (head_revision() if revision == "head" else revision):
+            return at  # nothing to apply: Alembic would read every script and run the environment to learn that
         config = _config(connection)
         if _predates_migrations(connection):
             command.stamp(config, FIRST_REVISION)
