@@ -185,6 +185,16 @@ def _corpus_present():
                     f"checkout, or set MIRSERVE_CORPUS")
 
 
+@pytest.fixture(autouse=True)
+def _cheap_key_hashing(monkeypatch):
+    """API keys made in a test are hashed with scrypt at N=2^4 instead of the production 2^14 (33 ms each, about
+    two seconds of every run). A hash records its own cost, so checking a key is the same code either way;
+    tests/service/test_auth.py undoes this to check the production cost."""
+    from worker.jobs import keys
+
+    monkeypatch.setattr(keys, "SCRYPT_N", 1 << 4)
+
+
 def run_onnxruntime(path, feeds: dict) -> list[np.ndarray]:
     """Run a model on onnxruntime's CPU provider with graph optimizations off."""
     import onnxruntime as ort

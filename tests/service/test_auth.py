@@ -100,6 +100,15 @@ def test_a_malformed_or_unknown_key_is_a_401_never_an_error(client, tokens, toke
     assert_problem(response, 401)
 
 
+def test_a_key_is_hashed_at_the_production_scrypt_cost(monkeypatch, keys):
+    monkeypatch.undo()  # tests/conftest.py makes hashing cheap for every other test
+    key, token = keys.create("carol")
+    with keys.store.engine.connect() as conn:
+        stored = conn.execute(api_keys_table.select().where(api_keys_table.c.id == key.id)).one().secret_hash
+    assert stored.startswith("scrypt$16384$8$1$")
+    assert keys.authenticate(token) == key
+
+
 def test_a_wrong_secret_for_a_real_key_id_is_refused(client, tokens):
     key_id = tokens["alice"].split("_")[1]
     forged = f"msk_{key_id}_{'A' * 43}"
