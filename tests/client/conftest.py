@@ -3,7 +3,6 @@ running the scripted engine (``tests.service.engines:scripted``), on a temporary
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from tests.service.conftest import FAKE_ENGINE, upgraded_database
 from tests.service.server import free_port
+from tests.waiting import wait_until
 
 #: What the scripted engine "optimizes": it copies the upload through, so the artifact is these bytes.
 MODEL_BYTES = b"\x08\x07" + b"pretend this is an ONNX model " * 4000
@@ -66,10 +66,8 @@ def running_service(data: Path, **overrides):
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the test server did not start"
-        time.sleep(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), 20, "the test server to start")
+    assert server.started, "the test server did not start"
     running = Service(f"http://127.0.0.1:{port}", settings)
     running.start_worker()
     try:

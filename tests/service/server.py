@@ -6,11 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from tests.waiting import wait_until
 from worker.jobs.store import Job, JobStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,17 +64,15 @@ class Server:
                 self.process.wait()
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"mirserve {self.command} exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if self.client.get("/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"mirserve {self.command} was not ready in {timeout} s:\n{self.log()}")
+        wait_until(self._ready, timeout, f"mirserve {self.command} to be ready", self.log)
+
+    def _ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"mirserve {self.command} exited with {self.process.returncode}:\n{self.log()}")
+        try:
+            return self.client.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            return False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]
@@ -100,14 +98,8 @@ class Server:
         return self.client.post("/optimize", files={"model": (name, content)}, data=data)
 
     def wait_for(self, job_id: str, statuses=("succeeded", "failed", "canceled"), timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        job = None
-        while time.monotonic() < deadline:
-            job = self.client.get(f"/jobs/{job_id}").json()
-            if job["status"] in statuses:
-                return job
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} still {job and job['status']} after {timeout} s:\n{self.log()}")
+        return wait_until(lambda: (job := self.client.get(f"/jobs/{job_id}").json())["status"] in statuses and job,
+                          timeout, f"job {job_id} to be {' or '.join(statuses)}", self.log)
 
 
 class ServiceProcess:

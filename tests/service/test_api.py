@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from app.main import create_app
 from app.openapi import render
 from app.settings import Settings
 from tests.service.conftest import FAKE_ENGINE, upgraded_database
+from tests.waiting import wait_until
 from worker.jobs.consumer import JobWorker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,13 +63,9 @@ def assert_problem(response, status: int, field: str | None = None) -> dict:
 
 
 def wait_done(client, job_id: str, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "canceled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s")
+    finished = ("succeeded", "failed", "canceled")
+    return wait_until(lambda: (job := client.get(f"/jobs/{job_id}").json())["status"] in finished and job, timeout,
+                      f"job {job_id} to finish")
 
 
 def leftovers(settings) -> list[str]:
@@ -261,9 +257,7 @@ def test_a_running_job_cannot_be_deleted_but_can_be_canceled(client, settings):
     _script(job_worker, job["id"], {"passes": 1, "pass_seconds": 30})
     job_worker.start()
     try:
-        deadline = time.monotonic() + 10
-        while client.get(f"/jobs/{job['id']}").json()["progress"] is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: client.get(f"/jobs/{job['id']}").json()["progress"], 10, "the job's first pass")
         assert client.get(f"/jobs/{job['id']}").json()["status"] == "running"
         assert_problem(client.delete(f"/jobs/{job['id']}"), 409)
         assert client.post(f"/jobs/{job['id']}/cancel").json()["cancel_requested"] is True

@@ -17,6 +17,7 @@ from tests.service.conftest import FAKE_ENGINE, make_config, new_job, upgraded_d
 from tests.service.engines import release
 from tests.service.server import ServiceProcess
 from tests.service.test_api import assert_problem, leftovers, post_model, wait_done
+from tests.waiting import wait_until
 from worker.jobs.consumer import JobWorker
 from worker.jobs.db import write_transaction
 from worker.jobs.files import JobFiles
@@ -101,19 +102,9 @@ def cluster(tmp_path):
     store.dispose()
 
 
-def wait_for(predicate, timeout: float, what: str, worker: ServiceProcess | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f":\n{worker.log()}" if worker else ""))
-
-
 def running(store: JobStore, job_id: str, worker: ServiceProcess):
-    return wait_for(lambda: (j := store.get(job_id)) and j.child_pid and j.progress_index and j, 60,
-                    f"job {job_id} to run", worker)
+    return wait_until(lambda: (j := store.get(job_id)) and j.child_pid and j.progress_index and j, 60,
+                      f"job {job_id} to run", worker.log)
 
 
 def alive(pid: int) -> bool:
@@ -131,7 +122,7 @@ def test_sigterm_lets_a_running_job_finish_and_claims_nothing_more(cluster):
     pid = running(store, job_id, worker).child_pid
     worker.process.send_signal(signal.SIGTERM)
     later = submit(passes=1)  # sent while the worker drains: it must not take it
-    wait_for(lambda: "draining" in worker.log(), 20, "the worker to drain", worker)
+    wait_until(lambda: "draining" in worker.log(), 20, "the worker to drain", worker.log)
     release(pid)  # the running job finishes now, within the grace period
     assert worker.process.wait(30) == 0, worker.log()
     job = store.get(job_id)
@@ -139,7 +130,7 @@ def test_sigterm_lets_a_running_job_finish_and_claims_nothing_more(cluster):
     waiting = store.get(later)
     assert (waiting.state, waiting.attempt) == (JobState.QUEUED, 0), worker.log()
     cluster.successor()  # the message the draining worker did not take is still there for another
-    wait_for(lambda: store.get(later).state is JobState.SUCCEEDED, 30, "the later job to run")
+    wait_until(lambda: store.get(later).state is JobState.SUCCEEDED, 30, "the later job to run")
 
 
 def test_after_the_grace_period_running_jobs_are_released_to_another_worker_at_once(cluster):
@@ -162,7 +153,7 @@ def test_after_the_grace_period_running_jobs_are_released_to_another_worker_at_o
                      .values(spec={"places": "x86/fp32/nchw", "options": {"passes": 1}}))
     released = time.monotonic()
     cluster.successor()
-    wait_for(lambda: store.get(job_id).state is JobState.SUCCEEDED, 30, "another worker to run it")
+    wait_until(lambda: store.get(job_id).state is JobState.SUCCEEDED, 30, "another worker to run it")
     assert time.monotonic() - released < 25  # well before the 30 s lease would have run out
     assert store.get(job_id).attempt == 2
 
@@ -173,7 +164,7 @@ def test_a_second_signal_ends_the_grace_period(cluster):
     job_id = submit(passes=1, pass_seconds=60)
     running(store, job_id, worker)
     worker.process.send_signal(signal.SIGTERM)
-    wait_for(lambda: "draining" in worker.log(), 20, "the worker to drain", worker)
+    wait_until(lambda: "draining" in worker.log(), 20, "the worker to drain", worker.log)
     worker.process.send_signal(signal.SIGTERM)
     assert worker.process.wait(20) == 0, worker.log()
     assert store.get(job_id).state is JobState.QUEUED

@@ -11,6 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import FAKE_ENGINE, upgraded_database
+from tests.service.test_api import wait_done
+from tests.waiting import wait_until
 from worker.jobs import callbacks
 from worker.jobs.callbacks import CallbackRefused, check_callback_url, sign, verify_signature
 
@@ -92,16 +94,6 @@ def submit(client, callback_url: str, model: bytes = b"\x08\x07 a model") -> dic
     return response.json()
 
 
-def wait_done(client, job_id: str) -> dict:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        job = client.get(f"/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "canceled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError("the job did not end")
-
-
 def test_the_end_of_a_job_is_posted_signed_to_its_callback(service, receiver):
     client, worker = service
     worker.start()
@@ -115,10 +107,8 @@ def test_the_end_of_a_job_is_posted_signed_to_its_callback(service, receiver):
     assert notice["event"] == "job.finished" and notice["delivery_attempt"] == 1
     assert notice["job"]["id"] == job["id"] and notice["job"]["status"] == "succeeded"
     assert notice["job"]["artifact"]["sha256"] == done["artifact"]["sha256"]
-    deadline = time.monotonic() + 5
-    while (state := client.get(f"/jobs/{job['id']}/callback").json())["state"] != "delivered":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    state = wait_until(lambda: (s := client.get(f"/jobs/{job['id']}/callback").json())["state"] == "delivered" and s,
+                       5, "the callback to be delivered")
     assert state["attempts"] == 1 and state["url"] == receiver.url and state["last_error"] is None
 
 
@@ -129,10 +119,8 @@ def test_a_refusing_receiver_is_retried_with_backoff_until_it_takes_it(service, 
     job = submit(client, receiver.url)
     received = receiver.wait(3)
     assert [json.loads(b)["delivery_attempt"] for _, b in received] == [1, 2, 3]
-    deadline = time.monotonic() + 5
-    while (state := client.get(f"/jobs/{job['id']}/callback").json())["state"] != "delivered":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    state = wait_until(lambda: (s := client.get(f"/jobs/{job['id']}/callback").json())["state"] == "delivered" and s,
+                       5, "the callback to be delivered")
     assert state["attempts"] == 3
 
 

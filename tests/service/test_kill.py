@@ -7,12 +7,12 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import time
 
 import pytest
 
 from tests.conftest import CORPUS, CORPUS_SHAPES
 from tests.service.server import Server
+from tests.waiting import wait_until
 
 MODEL = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 
@@ -32,13 +32,9 @@ def submit_and_wait_running(server: Server) -> str:
     response = server.submit(CORPUS / MODEL, "arm/fp32/nchw", {"input_shapes": CORPUS_SHAPES[MODEL]})
     assert response.status_code == 202, response.text
     job_id = response.json()["id"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        row = server.job_row(job_id)
-        if row.state.value == "running" and row.child_pid and row.progress_index:
-            return job_id
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} never reached its first pass:\n{server.log()}")
+    wait_until(lambda: (row := server.job_row(job_id)).state.value == "running" and row.child_pid
+               and row.progress_index, 30, f"job {job_id} to reach its first pass", server.log)
+    return job_id
 
 
 def assert_succeeded_once_on_a_later_attempt(server: Server, job_id: str) -> dict:
@@ -56,17 +52,17 @@ def assert_succeeded_once_on_a_later_attempt(server: Server, job_id: str) -> dic
 
 
 def wait_gone(pid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().split(")")[-1].split()[0] == "Z":
-                    return
-        except (ProcessLookupError, FileNotFoundError):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} is still alive")
+    wait_until(lambda: _gone(pid), timeout, f"process {pid} to end")
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie has: only its parent's wait is left)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return True
 
 
 def test_killing_the_engine_child_mid_job_retries_and_succeeds(server):

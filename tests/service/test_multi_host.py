@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.service.server import ServiceProcess, free_port
+from tests.waiting import wait_until
 from worker.jobs.files import JobFiles
 from worker.jobs.storage import open_storage
 from worker.jobs.store import JobState, JobStore, metadata
@@ -25,14 +26,8 @@ DELAY_SECONDS = 0.3
 
 
 def wait_for(predicate, timeout: float, what: str, processes=()):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    logs = "\n".join(f"--- {p.command} {p.pid}:\n{p.log()}" for p in processes)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{logs}")
+    return wait_until(predicate, timeout, what, lambda: "\n".join(f"--- {p.command} {p.pid}:\n{p.log()}"
+                                                                   for p in processes))
 
 
 def ready(url: str) -> bool:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.service.conftest import make_config, new_job, upgraded_database
 from tests.service.engines import recorded
+from tests.waiting import wait_until
 from worker.jobs.consumer import JobWorker
 from worker.jobs.store import JobState, JobStore, jobs_table
 from worker.jobs.db import write_transaction
@@ -72,24 +73,14 @@ def submit(worker: JobWorker, **options) -> str:
     return job.id
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def finished(worker: JobWorker, job_id: str, timeout: float = 30.0):
-    return wait_for(lambda: (j := worker.store.get(job_id)) and j.state.is_terminal and j, timeout,
-                    f"job {job_id} to finish")
+    return wait_until(lambda: (j := worker.store.get(job_id)) and j.state.is_terminal and j, timeout,
+                      f"job {job_id} to finish")
 
 
 def running_with_child(worker: JobWorker, job_id: str):
-    return wait_for(lambda: (j := worker.store.get(job_id)) and j.child_pid and j.progress_index and j,
-                    what="the engine child to report progress")
+    return wait_until(lambda: (j := worker.store.get(job_id)) and j.child_pid and j.progress_index and j, 30,
+                      "the engine child to report progress")
 
 
 def attempt_dirs(worker: JobWorker, job_id: str) -> list[str]:
@@ -111,7 +102,7 @@ def test_job_succeeds_with_progress_summary_and_one_published_attempt(make_worke
     artifact = worker.files.storage.read_bytes(worker.files.artifact_key(job_id, job.artifact_attempt), 100)
     assert artifact == b"not really a model" and job.artifact_bytes == len(b"not really a model")
     assert attempt_dirs(worker, job_id) == ["attempt-1"]
-    wait_for(lambda: not worker.files.attempt_dir(job_id, 1).exists(), 5, "the scratch to be cleared")
+    wait_until(lambda: not worker.files.attempt_dir(job_id, 1).exists(), 5, "the scratch to be cleared")
 
 
 def test_a_user_error_fails_the_job_at_once_with_its_message_and_field(make_worker):
@@ -190,7 +181,7 @@ def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
     assert "killed by SIGKILL" in job.retry_reason
     # The other attempts' files go right after the publishing commit (never before: a stale attempt must not
     # delete the live one's), so they may still be there for a moment when the job reads succeeded.
-    wait_for(lambda: attempt_dirs(worker, job_id) == ["attempt-2"], 5, "the killed attempt's files to go")
+    wait_until(lambda: attempt_dirs(worker, job_id) == ["attempt-2"], 5, "the killed attempt's files to go")
 
 
 def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
@@ -207,9 +198,9 @@ def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
     job = finished(second, job_id)
     assert (job.state, job.attempt, job.artifact_attempt) == (JobState.SUCCEEDED, 2, 2)
     # The first attempt notices at its next heartbeat and kills its engine, which would otherwise hold 60 s.
-    wait_for(lambda: not _alive(stale.child_pid), 10, "the stale attempt to kill its engine")
+    wait_until(lambda: not _alive(stale.child_pid), 10, "the stale attempt to kill its engine")
     assert first.store.get(job_id).artifact_attempt == 2
-    wait_for(lambda: attempt_dirs(first, job_id) == ["attempt-2"], 10, "the stale attempt's files to go")
+    wait_until(lambda: attempt_dirs(first, job_id) == ["attempt-2"], 10, "the stale attempt's files to go")
 
 
 def test_stopping_a_worker_gives_its_running_job_back(make_worker):
@@ -240,8 +231,8 @@ def test_retention_removes_old_finished_jobs_with_their_files(make_worker):
     with write_transaction(worker.store.engine) as conn:
         conn.execute(jobs_table.update().where(jobs_table.c.id == job_id)
                      .values(finished_at=worker.store.clock() - timedelta(hours=2)))
-    wait_for(lambda: worker.store.get(job_id) is None, 10, "the old job to be purged")
-    wait_for(lambda: worker.files.storage.children(worker.files.job_prefix(job_id)) == [], 10, "its files to go")
+    wait_until(lambda: worker.store.get(job_id) is None, 10, "the old job to be purged")
+    wait_until(lambda: worker.files.storage.children(worker.files.job_prefix(job_id)) == [], 10, "its files to go")
 
 
 @pytest.mark.parametrize("backends", ["sqlite+sqlite+local"], indirect=True)  # S3 objects cannot be aged
