@@ -30,6 +30,11 @@ from worker.jobs.store import JobStore
 
 log = logging.getLogger("mirserve.worker")
 
+#: The longest pause of an idle worker thread between two looks at a queue it must poll (SQLite; Redis blocks
+#: on the queue instead): a job submitted to an idle service waits at most this long for a worker. A look reads
+#: one small table, so ten a second cost nothing worth saving. Busy, the threads look again at once.
+IDLE_POLL_SECONDS = 0.1
+
 
 class _EmbeddedConsumer(Consumer):
     """huey's consumer without its signal handlers: the worker decides how to stop."""
@@ -66,7 +71,7 @@ class JobWorker:
         self._beat()
         self._consumer = _EmbeddedConsumer(
             self.queue.huey, workers=self.config.worker_concurrency, periodic=False, initial_delay=0.05,
-            backoff=1.5, max_delay=self.config.poll_seconds * 4, check_worker_health=True)
+            backoff=1.5, max_delay=IDLE_POLL_SECONDS, check_worker_health=True)
         self._consumer.start()
         for name, interval, step in (("heartbeat", self.config.heartbeat_seconds, self._beat),
                                      ("reaper", self.config.reaper_interval_seconds, self._reap)):
