@@ -220,7 +220,7 @@ def random_feeds(path, shapes: dict | None = None, seed: int = 0) -> dict:
         if np.issubdtype(dtype, np.floating):
             feeds[item.name] = rng.random(dims).astype(dtype)
         elif dtype == np.bool_:
-            feeds[item.name] = rng.random(dims) > 0.5
+            feeds[item.name] = np.asarray(rng.random(dims) > 0.5)
         else:
             high = 2 if "mask" in item.name else 100
             feeds[item.name] = rng.integers(0, high, dims).astype(dtype)

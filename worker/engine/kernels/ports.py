@@ -1,7 +1,8 @@
 """Derive a kernel's declared ports from an op schema (ONNX's, or onnxruntime's for its contrib ops).
 
 Used by the table generator only: the committed tables carry the result. The rule: ports bound to the op's
-primary type parameter (the type of its main output) follow the kernel's precision and layout (``same``);
+primary type parameter (the type of its main output) follow the kernel's precision and layout (``same``),
+except a variadic port whose values may differ in type (Loop's carried values), which takes each as it is;
 every other port declares the one precision its types allow, or ``any``; inputs that hold shapes or axes are
 read from host memory on a device target.
 """
@@ -26,6 +27,9 @@ class Formal:
     type_str: str
     optional: bool
     variadic: bool
+    #: False for a variadic parameter whose values may each have their own type (Loop's and Scan's carried
+    #: values, If's outputs): its port keeps every value's type instead of following the kernel's precision.
+    homogeneous: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ def signature(schema) -> OpSignature:
         option = str(param.option)
         type_str = getattr(param, "type_str", None) or getattr(param, "typeStr")
         return Formal(param.name, tied.get(type_str, type_str), option.endswith("Optional"),
-                      option.endswith("Variadic"))
+                      option.endswith("Variadic"), getattr(param, "is_homogeneous", True))
 
     params = {}
     for constraint in schema.type_constraints:
@@ -120,10 +124,12 @@ def ports(sig: OpSignature, op: str, *, device: bool, param_types: dict | None =
     shape_inputs = SHAPE_INPUTS.get(op, frozenset())
 
     def port(formal: Formal, slot: int, is_input: bool) -> PortSpec:
-        bound = formal.type_str == primary and primary is not None
+        bound = formal.type_str == primary and primary is not None and formal.homogeneous
         allowed = None
         if bound:
             precision = SAME
+        elif not formal.homogeneous:  # each value its own type: the port converts none of them
+            precision, allowed = ANY, tuple(sorted(types.get(formal.type_str, ()))) or None
         elif formal.type_str in types:
             precision = precision_of_types(types[formal.type_str])
             allowed = tuple(sorted(types[formal.type_str])) if precision == ANY else None

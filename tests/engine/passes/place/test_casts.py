@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.parser
+import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import make_model, save_proto, tensor, vinfo
@@ -238,3 +240,55 @@ def test_an_fp16_value_computed_in_fp32_is_rounded_where_it_leaves_fp16(tmp_path
     exact = np.tanh(x.astype(np.float64))
     assert np.abs(y - exact).max() <= 2.0 ** -11                        # fp16's rounding of tanh, no more
     assert np.array_equal(above, y > np.float16(0.3))                   # compared as the Cast sees it
+
+
+#: Control flow whose variadic values differ in type: each keeps its own (the cast passes used to read one
+#: precision for all of them and stop at the first int64 one: "declares fp32 at input 3, but tok is int64").
+MIXED_CONTROL_FLOW = {
+    "loop": """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,6,6] x, int64 n, int64 tok) => (float[1,4,6,6] y, int64 t2, float[K,1,4,6,6] ys) {
+  t = Constant <value = bool {1}> ()
+  y, t2, ys = Loop (n, t, x, tok) <
+    body = b (int64 i, bool ci, float[1,4,6,6] acc, int64 tk) => (bool co, float[1,4,6,6] acc2, int64 tk2,
+                                                                  float[1,4,6,6] out) {
+      co = Identity(ci)
+      half = Constant <value = float {0.5}> ()
+      scaled = Mul(acc, half)
+      acc2 = Relu(scaled)
+      one = Constant <value = int64 {1}> ()
+      tk2 = Add(tk, one)
+      out = Sigmoid(acc2)
+    }
+  >
+}""",
+    "scan": """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4] s0, int64[1] c0, float[5,1,4] xs) => (float[1,4] s, int64[1] c, float[5,1,4] ys) {
+  s, c, ys = Scan (s0, c0, xs) <
+    num_scan_inputs = 1,
+    body = b (float[1,4] st, int64[1] ct, float[1,4] x) => (float[1,4] st2, int64[1] ct2, float[1,4] y) {
+      st2 = Add(st, x)
+      one = Constant <value = int64[1] {1}> ()
+      ct2 = Add(ct, one)
+      y = Tanh(st2)
+    }
+  >
+}""",
+    "if": """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,6,6] x, bool c) => (float[1,4,6,6] y, int64[4] s) {
+  y, s = If (c) <
+    then_branch = tb () => (float[1,4,6,6] a, int64[4] sa) { a = Relu(x)  sa = Shape(a) },
+    else_branch = eb () => (float[1,4,6,6] b, int64[4] sb) { b = Sigmoid(x)  sb = Shape(b) }
+  >
+}""",
+}
+
+
+@pytest.mark.parametrize("places", ["x86/fp32/nchw", "arm/fp16/nhwc,arm/fp32/nchw", "cuda/fp16/nchw",
+                                    "opencl/fp16/nchw,arm/fp32/nchw"])
+@pytest.mark.parametrize("kind", list(MIXED_CONTROL_FLOW))
+def test_control_flow_values_of_different_types_each_keep_their_own(kind, places, tmp_path):
+    """Placed, annotated, every edge agreeing with its ports, and the same outputs (types included)."""
+    placed(tmp_path, onnx.parser.parse_model(MIXED_CONTROL_FLOW[kind]), places)
