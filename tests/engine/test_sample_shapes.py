@@ -19,6 +19,7 @@ HEAD = '<ir_version: 8, opset_import: ["" : 18]>'
 @pytest.mark.parametrize("name, role", [
     ("batch", "batch"), ("batch_size", "batch"), ("N", "batch"), ("seq_len", "sequence"),
     ("sequence_length", "sequence"), ("height", "spatial"), ("W", "spatial"), ("image_width", "spatial"),
+    ("num_samples", "samples"), ("audio_length", "samples"), ("waveform", "samples"),
     ("unk__12", None), ("s0", None), ("p2o.DynamicDimension.1", None)])
 def test_a_dims_name_says_its_role(name, role):
     assert sample.role_of_name(name) == role
@@ -33,6 +34,31 @@ def test_roles_by_position_for_images_ids_and_sequences():
     assert [sample.role_of_position(channels_last, a) for a in range(3)] == ["batch", "spatial", "spatial"]
     assert [sample.role_of_position(ids, a) for a in range(2)] == ["batch", "sequence"]
     assert sample.role_of_position(hidden, 1) == "sequence"
+
+
+def test_a_waveforms_samples_are_hundreds_whatever_the_dim_is_called():
+    """[batch, samples] float audio: unnamed (Silero's VAD), named samples, or named as a sequence (wav2vec2's
+    input_values [batch_size, sequence_length]); a leading "samples" dim over features stays a batch."""
+    specs = [InputSpec("input", "float", (1, None)), InputSpec("chunk", "float", ("batch", "num_samples")),
+             InputSpec("input_values", "float", ("batch_size", "sequence_length")),
+             InputSpec("features", "float", ("samples", 40))]
+    roles = {d.key: d.role for d in sample.open_dims(specs)}
+    assert roles == {"input[1]": "samples", "batch": "batch", "num_samples": "samples", "batch_size": "batch",
+                     "sequence_length": "samples", "samples": "batch"}
+    assert sample.assignment(sample.open_dims(specs[:1]), 0) == {"input[1]": 512}
+
+
+#: A waveform's STFT framing: reflect padding of 64 on each side needs more than 64 samples.
+FRAMED = '''
+    g (float[1, T] audio) => (float[1, M] y) <int64[4] pads = {0, 64, 0, 64}> {
+        y = Pad <mode = "reflect"> (audio, pads)
+    }'''
+
+
+def test_an_audio_model_is_verified_on_a_window_of_samples(tmp_path):
+    report = run(tmp_path, model(tmp_path, FRAMED))
+    assert report["verification"]["passed"] is True
+    assert report["verification"]["shapes"] == [{"audio": [1, 512]}]
 
 
 def test_a_dim_named_in_several_inputs_takes_one_value():

@@ -5,9 +5,12 @@ A dim is known by its symbolic name when it has one (a name shared by several in
 batch of ``input_ids`` and ``attention_mask``), else by its input and axis. Each gets a role, from its name
 first (``batch_size``, ``seq_len``, ``height``), then from its position (axis 0 of a tensor of rank 2 or more
 is a batch; axes 2 and 3 of a rank-4 tensor, or 1 and 2 with 1, 3 or 4 channels last, are spatial; axis 1 of
-integer ids or of a rank-3 float tensor is a sequence), and the role gives its values, tried level by level
+integer ids or of a rank-3 float tensor is a sequence; axis 1 of a rank-2 float tensor is audio samples, the
+[batch, samples] of a waveform, whatever its name), and the role gives its values, tried level by level
 until the model runs: batch 1 (and a second run at 2), sequences 16, 32, 64 (small multiples of 8),
-spatial sizes 224, 320, 640 (multiples of 32: stride-friendly), unknown channels 3, anything else 1, 8, 16.
+spatial sizes 224, 320, 640 (multiples of 32: stride-friendly), unknown channels 3, audio 512, 1024 and 16000
+samples (a voice-activity window at 16 kHz, a frame size, a second: an STFT's reflect padding and a
+convolutional feature encoder need hundreds), anything else 1, 8, 16.
 """
 from __future__ import annotations
 
@@ -23,13 +26,15 @@ ROLE_VALUES: dict[str, tuple[int, ...]] = {
     "sequence": (16, 32, 64),
     "spatial": (224, 320, 640),
     "channels": (3, 3, 3),
+    "samples": (512, 1024, 16000),
     "other": (1, 8, 16),
 }
 LEVELS = 3
 #: The batch of the second verification run.
 SECOND_BATCH = 2
 
-_WORDS = {
+_WORDS = {  # in the order they are tried: audio_length is samples before it is a length
+    "samples": {"samples", "nsamples", "numsamples", "audio", "audiolength", "wav", "wave", "waveform", "pcm"},
     "batch": {"n", "b", "bs", "batch", "batchsize", "batches", "nbatch", "numimages", "images"},
     "sequence": {"seq", "seqlen", "sequence", "sequencelength", "len", "length", "tokens", "ntokens", "time",
                  "frames", "steps", "t", "l", "past", "pastlen", "total", "decoder", "encoder", "kv"},
@@ -93,6 +98,8 @@ def role_of_position(spec: InputSpec, axis: int) -> str:
         return {1: "channels", 2: "sequence"}.get(axis, "spatial")
     if rank == 3 and axis == 1:
         return "sequence"
+    if rank == 2 and axis == 1 and spec.element in ("float", "float16", "double", "bfloat16"):
+        return "samples"
     if rank == 2 and axis == 1 and spec.element.startswith(("int", "uint")):
         return "sequence"
     return "other"
@@ -111,6 +118,10 @@ def open_dims(specs: Sequence[InputSpec], given: Mapping[str, Sequence[int]] = {
             key = dim if named else f"{spec.name}[{axis}]"
             if key not in found:
                 role = (role_of_name(dim) if named else None) or role_of_position(spec, axis)
+                if role == "sequence" and role_of_position(spec, axis) == "samples":
+                    role = "samples"  # wav2vec2's input_values [batch_size, sequence_length] is a waveform
+                elif role == "samples" and axis == 0 and len(spec.dims) >= 2:
+                    role = "batch"  # [samples, features]: a batch of samples, not audio
                 found[key] = Dim(key, role)
             found[key].where.append((spec.name, axis))
     return list(found.values())
