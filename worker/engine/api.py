@@ -25,6 +25,7 @@ from worker.engine.ir import load_model, save_model
 from worker.engine.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, verify
 from worker.engine.memory import formulas
 from worker.engine.sample_shapes import first_choice, graph_specs, has_open_dims
+from worker.engine.sample_values import steering_values
 from worker.engine.options import OptimizeOptions
 from worker.engine.passes import REGISTRY, PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
@@ -109,8 +110,10 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     # Shapes for open input dims, chosen on the input model before the pipeline, so the memory plan plans at
     # them; a cut model's inputs are other values, for which verification chooses its own.
     chunk_bytes = verify_chunk_bytes(input_bytes, limits)
+    steering = {} if cut else steering_values(model.graph)  # read before the pipeline folds a comparison away
     ctx.sample_shapes = None if cut else sample_input_shapes(model, model_path, options, chunk_bytes=chunk_bytes,
-                                                             mapped_bytes=input_bytes, by_regions=bool(chunk_bytes))
+                                                             mapped_bytes=input_bytes, by_regions=bool(chunk_bytes),
+                                                             values=steering)
     with _cut_first(ctx, manager, model_path, directory) as (cut_steps, reference):
         steps = (*cut_steps, *get_pipeline(options.pipeline).steps_for(options))
         trace = manager.run(ctx, steps)
@@ -132,7 +135,8 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                                       shape_sets=shape_sets, runs=options.verify_runs, rtol=rtol, atol=atol,
                                       timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb,
                                       chunk_bytes=chunk_bytes, mapped_bytes=mapped, same_weights=same,
-                                      shapes_checked=bool((ctx.sample_shapes or {}).get("checked", True)))
+                                      shapes_checked=bool((ctx.sample_shapes or {}).get("checked", True)),
+                                      values=steering)
                 if chunk_bytes:
                     verification["pieces_of_mb"] = chunk_bytes >> 20
                 if verification["passed"] is None and not options.allow_unverified:
@@ -168,7 +172,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
 
             verify_args = dict(input_shapes=shapes, shape_sets=ctx.sample_shapes["shapes"] if ctx.sample_shapes
                                else None, runs=options.verify_runs, rtol=rtol, atol=atol,
-                               timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb)
+                               timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
             fallback, pinned = fall_back(model, str(exc), reference, directory, build, verify_args)
             if pinned is None:
                 raise VerificationError(f"{exc} {fallback['refusal']}") from None
@@ -266,7 +270,8 @@ def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], ver
     from worker.engine.numeric import value_errors
 
     return value_errors(reference, candidate, shapes=shapes, rtol=verify_args["rtol"], atol=verify_args["atol"],
-                        timeout=verify_args["timeout"], memory_mb=verify_args["memory_mb"])
+                        timeout=verify_args["timeout"], memory_mb=verify_args["memory_mb"],
+                        values=verify_args.get("values"))
 
 
 def _declared_shapes(model, given: Mapping[str, Any]) -> dict[str, list[int]]:
@@ -319,7 +324,8 @@ def untouched_weights(graph) -> dict[str, tuple[str, int, int]]:
 
 
 def sample_input_shapes(model, model_path: Path, options: OptimizeOptions, *, chunk_bytes: int = 0,
-                        mapped_bytes: int = 0, by_regions: bool = False) -> dict[str, Any] | None:
+                        mapped_bytes: int = 0, by_regions: bool = False,
+                        values: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """Shapes for the input dims the user left open, or None when there are none: chosen by running the
     input model (``choose_shapes``) when verification is on, else the first choice untried. ``by_regions``:
     verification compares regions, which a run of the whole model would take longer than (the first choice
@@ -332,7 +338,7 @@ def sample_input_shapes(model, model_path: Path, options: OptimizeOptions, *, ch
     if options.verify:
         chosen = choose_shapes(str(model_path), given=options.input_shapes, timeout=options.limits.verify_seconds,
                                memory_mb=options.limits.verify_memory_mb, chunk_bytes=chunk_bytes,
-                               mapped_bytes=mapped_bytes)
+                               mapped_bytes=mapped_bytes, values=values)
         return chosen if chosen.get("shapes") else None
     try:
         return first_choice(specs, options.input_shapes)

@@ -338,6 +338,10 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
         from worker.engine.sample_shapes import describe_shapes
 
         shapes = " at " + " and ".join(describe_shapes(s) for s in verification["shapes"])
+    if verification.get("values"):  # inputs that steer the model: each of their values had a run
+        from worker.engine.sample_values import describe
+
+        shapes += f" ({describe(verification['values'])})"
     line += f"; verified on {verification['runs']} run(s){shapes}, max abs diff {worst:.3g}"
     fallback = report.get("precision_fallback")
     if fallback and fallback.get("nodes"):

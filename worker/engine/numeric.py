@@ -19,16 +19,19 @@ from typing import Any, Mapping, Sequence
 
 from worker.engine import forkserver
 from worker.engine.errors import VerificationError
+from worker.engine.sample_values import runs_for
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
 FP16_RTOL, FP16_ATOL = 1e-2, 1e-3
 
 Shapes = Mapping[str, Sequence[int]]
+#: Values of the inputs that steer a model (``sample_values.steering_values``); None: a usual draw.
+Values = Mapping[str, Sequence[Any]]
 
 
 def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
                   timeout: float = 300, memory_mb: int = 0, chunk_bytes: int = 0,
-                  mapped_bytes: int = 0) -> dict[str, Any]:
+                  mapped_bytes: int = 0, values: Values | None = None) -> dict[str, Any]:
     """Input shapes the input model runs on, for the dims ``given`` leaves open.
 
     Returns ``{"shapes": [first set, second set (batch 2), ...], "dims": {dim: value}, "roles": {dim: role},
@@ -37,7 +40,7 @@ def choose_shapes(reference: str, *, given: Shapes | None = None, seed: int = 0,
     naming every attempt and suggesting --input-shape, when no choice runs.
     """
     request = {"mode": "choose", "reference": str(reference), "seed": seed, "chunk_bytes": chunk_bytes,
-               "given": {k: list(v) for k, v in (given or {}).items()}}
+               "given": {k: list(v) for k, v in (given or {}).items()}, "values": dict(values or {})}
     answer = _run_child(request, timeout, memory_mb, "choosing input shapes", mapped_bytes)
     if answer.get("error"):
         raise VerificationError(answer["error"])
@@ -48,7 +51,7 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
            atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
            chunk_bytes: int = 0, mapped_bytes: int = 0, same_weights: Mapping[str, Sequence] | None = None,
-           shapes_checked: bool = True) -> dict[str, Any]:
+           shapes_checked: bool = True, values: Values | None = None) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -63,12 +66,13 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
     reference's files), only the regions where the two graphs differ are compared (``regions``), unless they
     cannot be, and then the whole models (the report's ``method`` and ``regions_refused`` say which and why);
     ``shapes_checked`` False says the ``shape_sets`` were not tried on the reference, so the whole-model path
-    chooses its own.
+    chooses its own. ``values`` (``sample_values.steering_values``) are the values of the inputs that steer
+    the model: the runs (at least ``runs``) take each in turn, so each branch they choose is compared.
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
                "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
                "same_weights": None if same_weights is None else {k: list(v) for k, v in same_weights.items()},
-               "shapes_checked": shapes_checked,
+               "shapes_checked": shapes_checked, "values": dict(values or {}),
                "given": {k: list(v) for k, v in (input_shapes or {}).items()},
                "shape_sets": None if shape_sets is None else [{k: list(v) for k, v in s.items()}
                                                               for s in shape_sets]}
@@ -83,6 +87,9 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
         shapes = report["shapes"][worst["set"]] if report.get("shapes") else {}
         where = f" at input shapes {_describe(shapes)}" if shapes else ""
         what = "value" if report.get("method") == "regions" else "output"
+        steered = ", ".join(f"{name}={chosen[worst['run'] % len(chosen)]}" for name, chosen in (values or {}).items()
+                            if chosen[worst["run"] % len(chosen)] is not None)
+        where += f" with {steered}" if steered else ""
         error = VerificationError(
             f"the optimized model does not compute what the input computed: {what} {worst['name']!r} "
             f"differs by up to {worst['max_abs_diff']:.3g} (relative {worst['max_rel_diff']:.3g}) "
@@ -98,7 +105,7 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
 
 
 def value_errors(reference: str, candidate: str, *, shapes: Shapes, rtol: float, atol: float, seed: int = 0,
-                 timeout: float = 300, memory_mb: int = 0) -> dict[str, float]:
+                 timeout: float = 300, memory_mb: int = 0, values: Values | None = None) -> dict[str, float]:
     """How far each value of the candidate's main graph is from the value of the same name in the reference,
     both run once on the same seeded inputs of ``shapes`` with every value as an output: the largest
     ``|candidate - reference| / (atol + rtol * |reference|)`` over its elements (1 is at the tolerance's edge;
@@ -106,7 +113,8 @@ def value_errors(reference: str, candidate: str, *, shapes: Shapes, rtol: float,
     NCHW shape permuted) is compared transposed back; values that exist in one model only, or whose shapes
     differ otherwise, are left out. Raises VerificationError when either model cannot run."""
     request = {"mode": "errors", "reference": str(reference), "candidate": str(candidate), "rtol": rtol,
-               "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in shapes.items()}}
+               "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in shapes.items()},
+               "values": dict(values or {})}
     answer = _run_child(request, timeout, memory_mb, "tracing the error of every value")
     if answer.get("error"):
         raise VerificationError(answer["error"])
@@ -183,7 +191,8 @@ def _specs(session) -> list:
     return specs
 
 
-def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
+def _feeds(session, shapes: Mapping[str, Sequence[int]], rng, values: Values | None = None, run: int = 0) -> dict:
+    """Random inputs of ``shapes``; an input of ``values`` takes its value for ``run`` (None: drawn)."""
     import numpy as np
 
     feeds = {}
@@ -200,6 +209,9 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng) -> dict:
         else:
             high = 2 if "mask" in item.name.lower() else 100
             feeds[item.name] = rng.integers(0, high, dims).astype(dtype)
+        chosen = (values or {}).get(item.name)
+        if chosen and chosen[run % len(chosen)] is not None:
+            feeds[item.name] = np.full(dims, chosen[run % len(chosen)], dtype=dtype)
     return feeds
 
 
@@ -283,7 +295,8 @@ def _session(path):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them: bool = True) -> dict:
+def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them: bool = True,
+            values: Values | None = None) -> dict:
     """The first level of values for the open dims on which the model runs, and batch 2 when it has one;
     an error naming every attempt when none runs. Without open dims, the given and declared shapes."""
     import numpy as np
@@ -306,13 +319,13 @@ def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them:
         shapes = sample.shapes(specs, given, values)
         if tried and sample.describe_shapes(shapes) in (t.split(": ", 1)[0] for t in tried):
             continue  # the same shapes as a level before (no dim of a role whose value changes)
-        error = _runs(session, shapes, np.random.default_rng(seed)) if try_them else None
+        error = _runs(session, shapes, np.random.default_rng(seed), values) if try_them else None
         if error is None:
             found = [shapes]
             second = sample.assignment(dims, level, batch=sample.SECOND_BATCH)
             if any(d.role == "batch" for d in dims):
                 more = sample.shapes(specs, given, second)
-                more_error = _runs(session, more, np.random.default_rng(seed)) if try_them else None
+                more_error = _runs(session, more, np.random.default_rng(seed), values) if try_them else None
                 if more_error is None:
                     found.append(more)
                 else:
@@ -325,10 +338,10 @@ def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them:
                      f"(option input_shapes)"}
 
 
-def _runs(session, shapes, rng) -> str | None:
+def _runs(session, shapes, rng, values: Values | None = None) -> str | None:
     """None when the model runs on random inputs of these shapes, else onnxruntime's error, shortened."""
     try:
-        session.run(None, _feeds(session, shapes, rng))
+        session.run(None, _feeds(session, shapes, rng, values))
         return None
     except Exception as exc:
         return runtime_message(exc, 200)
@@ -443,7 +456,7 @@ def _child_choose(request: dict) -> dict:
         return {**_first_choice(request["reference"], request["given"]), "skipped": runtime_message(exc)}
     if _ungenerated(reference):  # verification will say so; nothing to choose
         return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
-    return _choose(reference, request["given"], request["seed"])
+    return _choose(reference, request["given"], request["seed"], values=request.get("values"))
 
 
 def _every_value_session(path: str, fp16_stored: bool = False):
@@ -468,7 +481,7 @@ def _child_errors(request: dict) -> dict:
     try:
         reference = _every_value_session(request["reference"], True)
         candidate = _every_value_session(request["candidate"], True)
-        feeds = _feeds(reference, request["shapes"], np.random.default_rng(request["seed"]))
+        feeds = _feeds(reference, request["shapes"], np.random.default_rng(request["seed"]), request.get("values"))
         names = [o.name for o in reference.get_outputs()]
         expected = dict(zip(names, reference.run(names, feeds)))
         wanted = {i.name for i in candidate.get_inputs()}
@@ -554,8 +567,10 @@ def _child_verify(request: dict) -> dict:
             request = {**request, "shape_sets": None}
     shape_sets = request.get("shape_sets")
     choice = None
+    values = request.get("values") or {}
+    runs = max(request["runs"], runs_for(values))
     if shape_sets is None:
-        choice = _choose(reference, request["given"], request["seed"])
+        choice = _choose(reference, request["given"], request["seed"], values=values)
         if choice.get("error"):
             return choice
         shape_sets = choice["shapes"]
@@ -564,9 +579,9 @@ def _child_verify(request: dict) -> dict:
     rtol, atol = request["rtol"], request["atol"]
     outputs: dict[str, dict] = {}
     for index, shapes in enumerate(shape_sets):
-        for run in range(request["runs"]):
+        for run in range(runs):
             rng = np.random.default_rng(request["seed"] + run)
-            feeds = _feeds(reference, shapes, rng)
+            feeds = _feeds(reference, shapes, rng, values, run)
             try:
                 expected = reference.run(names, feeds)
             except Exception as exc:
@@ -587,9 +602,9 @@ def _child_verify(request: dict) -> dict:
                 if name not in outputs or entry["excess"] > outputs[name]["excess"]:
                     outputs[name] = entry
     ordered = [outputs[n] for n in names]
-    report = {"passed": all(o["passed"] for o in ordered), "runs": request["runs"] * len(shape_sets),
+    report = {"passed": all(o["passed"] for o in ordered), "runs": runs * len(shape_sets),
               "rtol": rtol, "atol": atol, "seed": request["seed"], "outputs": ordered, "shapes": shape_sets,
-              **method}
+              **method, **({"values": dict(values)} if values else {})}
     report["summary"] = f"verified on the whole model, max abs diff {_largest_diff(ordered)}"
     if choice is not None and choice["dims"]:
         report.update(dims=choice["dims"], roles=choice["roles"], tried=choice["tried"])
@@ -603,13 +618,15 @@ def _verify_regions(reference, candidate, request: dict) -> dict:
 
     shape_sets = request.get("shape_sets")
     if shape_sets is None:
-        choice = _choose(reference, request["given"], request["seed"], try_them=False)
+        choice = _choose(reference, request["given"], request["seed"], try_them=False,
+                         values=request.get("values"))
         if choice.get("error"):
             return {"passed": None, "refused": choice["error"]}
         shape_sets = choice["shapes"]
     try:
         plan = RegionPlan(reference, candidate, request["same_weights"], shape_sets, _CHUNK_BYTES)
-        found = verify_regions(plan, lambda shapes, rng: _feeds(reference, shapes, rng), shape_sets,
+        values = request.get("values")  # each run's draw: the first value of each steering input
+        found = verify_regions(plan, lambda shapes, rng: _feeds(reference, shapes, rng, values), shape_sets,
                                runs=request["runs"], seed=request["seed"], rtol=request["rtol"],
                                atol=request["atol"], compare=_compare)
     except RegionsRefused as exc:

@@ -233,7 +233,7 @@ def _verification(verification: Mapping[str, Any] | None) -> dict[str, Any]:
             "rtol": verification.get("rtol"), "atol": verification.get("atol"),
             "shapes": verification.get("shapes") if verification.get("dims") else None,
             "method": verification.get("method"), "method_summary": verification.get("summary"),
-            "regions_refused": verification.get("regions_refused")}
+            "regions_refused": verification.get("regions_refused"), "values": verification.get("values")}
 
 
 def _warnings(report: Mapping[str, Any], fallbacks: Iterable[Mapping[str, Any]] = ()) -> list[str]:
@@ -426,6 +426,10 @@ def _verification_text(verification: Mapping[str, Any]) -> str:
     shapes = verification.get("shapes")
     where = (" at " + " and ".join(", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in s.items())
                                    for s in shapes)) if shapes else ""
+    if verification.get("values"):  # inputs that steer the model: each of their values had a run
+        from worker.engine.sample_values import describe
+
+        where += f" ({describe(verification['values'])})"
     if verification.get("method") == "regions":  # the values compared are the regions' (method_summary)
         return (f"{verdict}, {verification.get('method_summary')}, on {verification.get('runs')} run(s){where} "
                 f"(rtol {verification.get('rtol')}, atol {verification.get('atol')})")
