@@ -151,3 +151,17 @@ def test_the_search_stops_starting_steps_when_its_time_is_spent():
     order = [amp.Ranked(f"n{i}", "Add", 10.0 - i, 10.0 - i) for i in range(10)]
     outcome = amp.search(order, lambda names: ("n7" in names, ""), seconds=0.0)
     assert outcome.passed and outcome.runs == 1 and len(outcome.pinned) == 10  # all pinned verified: kept
+
+
+def test_auto_mixed_precision_runs_on_a_model_verified_by_regions_when_both_fit_whole():
+    """A model over 256 MiB is verified by regions, but auto mixed precision runs both models whole: it does so
+    (a 275 MB wide ResNet-50 needed 65 nodes in fp32, 1.3 GB peak) while four times the weights fit the
+    verification's memory, and says what to change when they do not."""
+    from worker.engine.api import amp_fits, verify_chunk_bytes
+    from worker.engine.limits import Limits
+
+    wide_resnet = 275 << 20
+    assert verify_chunk_bytes(wide_resnet, Limits()) > 0  # verified by regions
+    assert amp_fits(wide_resnet, Limits())                 # 4096 MiB by default
+    assert not amp_fits(wide_resnet, Limits(verify_memory_mb=1024))
+    assert amp_fits(wide_resnet, Limits(verify_memory_mb=0))  # no bound

@@ -155,10 +155,11 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
         except VerificationError as exc:
             if not _falls_back(options, places, exc):
                 raise
-            if chunk_bytes:  # run piece by piece: too large to trace every value and rebuild per step
-                raise VerificationError(f"{exc}. Auto mixed precision does not run on a model verified piece "
-                                        f"by piece (larger than {chunk_bytes >> 20} MiB of weights per piece); "
-                                        f"give an fp32 place instead") from None
+            if not amp_fits(input_bytes, limits):  # it runs both models whole, every value an output
+                raise VerificationError(f"{exc}. Auto mixed precision runs both models whole, and "
+                                        f"{input_bytes >> 20} MiB of weights leave too little of the "
+                                        f"verification's {limits.verify_memory_mb} MiB for that; give an fp32 "
+                                        f"place instead, or raise --limit verify_memory_mb") from None
 
             def build(pinned) -> tuple:
                 again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
@@ -297,6 +298,16 @@ def memory_at(memory: Mapping[str, Any], dims: str) -> dict[str, Any]:
 
 #: Weights per piece when verification runs a large model piece by piece.
 VERIFY_CHUNK_BYTES = 256 << 20
+
+
+#: Auto mixed precision runs the input and a candidate whole, every value an output: onnxruntime holds both
+#: models' weights (the candidate's partly in fp16) and the values; four times the input's weights is room.
+AMP_MEMORY_FACTOR = 4
+
+
+def amp_fits(input_bytes: int, limits) -> bool:
+    """Whether auto mixed precision may run on a model of ``input_bytes`` within the verification's memory."""
+    return not limits.verify_memory_mb or input_bytes * AMP_MEMORY_FACTOR <= limits.verify_memory_mb << 20
 
 
 def verify_chunk_bytes(input_bytes: int, limits) -> int:
