@@ -1,6 +1,9 @@
 """Cast insertion on one-rule models: sharing, offline weight conversion, layouts, copies, outputs."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.parser
@@ -292,3 +295,46 @@ g (float[1,4,6,6] x, bool c) => (float[1,4,6,6] y, int64[4] s) {
 def test_control_flow_values_of_different_types_each_keep_their_own(kind, places, tmp_path):
     """Placed, annotated, every edge agreeing with its ports, and the same outputs (types included)."""
     placed(tmp_path, onnx.parser.parse_model(MIXED_CONTROL_FLOW[kind]), places)
+
+
+BRANCHES = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,6,6] x, bool c) => (float[1,4,6,6] y) {
+  y = If (c) <
+    then_branch = tb () => (float[1,4,6,6] a) { a0 = Conv <pads = [1, 1, 1, 1]> (x, w)  a = Relu (a0) },
+    else_branch = eb () => (float[1,4,6,6] b) { b = Sigmoid (x) }
+  >
+}"""
+
+
+@pytest.mark.parametrize("places, body_target", [("arm/fp16/nhwc,arm/fp32/nchw", "arm"), ("x86/fp32/nchw", "x86"),
+                                                 ("opencl/fp16/nchw,arm/fp32/nchw", "arm"),
+                                                 ("opencl/fp16/nchw", "host")])
+def test_a_body_of_a_control_flow_op_on_the_host_runs_on_a_listed_target_sharing_its_memory(places, body_target,
+                                                                                          tmp_path):
+    """ARM has no If kernel (Paddle-Lite runs conditional_block on the host): the If runs on the host and its
+    branches' Conv, Relu and Sigmoid on ARM, in the model's own fp32 NCHW, as Paddle-Lite picks a sub-block's
+    ops; x86 runs If itself; an OpenCL device does not share host memory, so without ARM the body stays on host."""
+    model = onnx.parser.parse_model(BRANCHES)
+    model.graph.initializer.append(tensor("w", weights(4, 4, 3, 3)))
+    ctx, _ = placed(tmp_path, model, places)
+    body = [n for graph in ctx.graph.all_graphs() if graph is not ctx.graph for n in graph]
+    assert sorted(n.op_type for n in body) == ["FusedConvRelu", "Sigmoid"]
+    assert {str(n.place) for n in body} == {f"{body_target}/fp32/nchw"}
+
+
+def test_slices_fused_into_a_split_stay_on_arm():
+    """Paddle-Lite's ARM split kernel (kFloat, kInt64): split_fuse's Split does not send the slices to the host."""
+    model = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,8,8,8] x) => (float[1,4,8,8] y) <int64[1] s0 = {0}, int64[1] e0 = {4}, int64[1] s1 = {4},
+                                            int64[1] e1 = {8}, int64[1] ax = {1}> {
+  a = Slice (x, s0, e0, ax)
+  b = Slice (x, s1, e1, ax)
+  ra = Relu (a)
+  rb = Relu (b)
+  y = Add (ra, rb)
+}""")
+    ctx = place_model(save_proto(model, Path(tempfile.mkdtemp()) / "in.onnx"), "arm/fp16/nhwc,arm/fp32/nchw")
+    assert "Split" in {n.op_type for n in ctx.graph}
+    assert {str(n.place).split("/")[0] for n in ctx.graph} == {"arm"}

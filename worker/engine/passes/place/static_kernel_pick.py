@@ -32,7 +32,7 @@ from worker.engine.kernels.pick import NodeFacts, Pick, Scored, ValueFacts, rank
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support import qdq
-from worker.engine.passes.support.casts import fits_fp16, is_cast
+from worker.engine.passes.support.casts import fits_fp16, is_cast, same_memory
 from worker.engine.passes.support.nhwc import nhwc_form, nhwc_refusal
 from worker.engine.passes.support import pick_plan as plan, pick_search as search
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_facts, node_opset
@@ -321,9 +321,16 @@ def _no_kernel_message(failures: dict, places: ValidPlaces) -> str:
 
 
 def _pick_body(body: Graph, parent: Pick, ctx: PassContext) -> None:
-    """Body nodes run with their parent: the parent's target if it takes their values as they are."""
-    target = parent.kernel.target
-    places = parse_places(f"{target}/any/any,host/any/any", host_fallback=False)
+    """Body nodes run with their parent: the parent's target if it takes their values as they are. A parent on
+    the host (a target without that control-flow op: Paddle-Lite runs its while and conditional_block on the
+    host too) lends its body the user's targets that share host memory, in the user's order, as Paddle-Lite
+    picks a sub-block's ops: a Silero VAD's convolutions under arm places run on ARM, not on the host."""
+    targets = [parent.kernel.target]
+    if parent.kernel.target == HOST.name:
+        targets = [p.target.name for p in list(ctx.places)[:ctx.places.user_count]
+                   if same_memory(p.target.name, HOST.name)] + targets
+    places = parse_places(",".join(f"{t}/any/any" for t in dict.fromkeys([*targets, HOST.name])),
+                          host_fallback=False)
     for node in body:
         opset = node_opset(ctx.model.opset, node)
         ranked, _ = candidates_for(ctx.kernels, node, opset, places, {}, True)
