@@ -90,3 +90,15 @@ def test_fused_op_runs_on_both_runtimes_and_is_typed(tmp_path, base, kind, opset
     assert counts == {f"mirserve.Fused{base}{kind}": 1, "Identity": 1}, trace[-1].get("refusals")
     assert_same_results(tmp_path / "in.onnx", output, feeds)
     assert_typed_by_onnx(output)
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_an_exported_gelu_that_the_domain_fusion_took_first_still_fuses_into_the_op_before_it(tmp_path, base):
+    """Below opset 20 the default pipeline turns torch's erf chain into mirserve.Gelu (transformer_domain_fuse)
+    before the activation fusions run: they take mirserve.Gelu as the Gelu it is (ConvNeXt- and FastViT-style
+    exports at opset 17 kept Conv + mirserve.Gelu as two nodes)."""
+    model, feeds, pass_name = case(base, "Gelu", 17)
+    output, trace = run_passes(model, tmp_path, ["transformer_domain_fuse", pass_name])
+    assert op_counts(output) == {f"mirserve.Fused{base}Gelu": 1, "Identity": 1}, trace[-1].get("refusals")
+    assert_same_results(tmp_path / "in.onnx", output, feeds)
+    assert_typed_by_onnx(output)

@@ -1,6 +1,6 @@
 """The activations exporters write, as one op or decomposed, recognised as pattern fragments with one tolerance.
 
-    Relu, Sigmoid, Tanh, HardSwish, LeakyRelu, HardSigmoid, Gelu (exact)   the op itself
+    Relu, Sigmoid, Tanh, HardSwish, LeakyRelu, HardSigmoid, Gelu (exact)   the op itself (mirserve.Gelu too)
     Clip(y, 0, 6) -> Relu6; Clip(y, 0, +inf) -> Relu                        other bounds are refused
     y * Sigmoid(y) -> Silu
     y * HardSigmoid(y, 1/6, 1/2) -> HardSwish                               other alpha/beta are refused
@@ -25,6 +25,7 @@ import numpy as np
 
 from worker.engine.ir import Node, Value
 from worker.engine.mirserve_domain.activations import ALPHA, BETA
+from worker.engine.mirserve_domain.ops import DOMAIN
 from worker.engine.pattern import Match, Pattern, Rule, VarPattern, describe
 
 #: The relative tolerance of every constant of a form (an absolute one for constants near zero).
@@ -261,6 +262,8 @@ FORMS: tuple[Form, ...] = (
     Form("op_leaky_relu", "LeakyRelu", _single("LeakyRelu"), _read_leaky_relu),
     Form("op_hard_sigmoid", "HardSigmoid", _single("HardSigmoid"), _read_hard_sigmoid),
     Form("op_gelu", "Gelu", _single("Gelu"), _read_gelu),
+    # transformer_domain_fuse's exact Gelu below opset 20 (an exported chain it fused before the fusions here)
+    Form("op_mirserve_gelu", "Gelu", lambda p, y: p.op("Gelu", y, key="act", out="out", domain=DOMAIN), _no_params),
     Form("op_clip_relu6", "Relu6", _single("Clip"), _read_relu6),
     Form("op_clip_relu", "Relu", _single("Clip"), _read_relu_clip),
 )
