@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from onnx import TensorProto
 
 from worker.engine.kernels.ops import nhwc_slots
-from worker.engine.kernels.schema import ANY, SAME, Kernel, PortSpec
+from worker.engine.kernels.schema import ANY, EACH, SAME, Kernel, PortSpec
 from worker.engine.places import Layout, Place, Precision, ValidPlaces, get_target
 
 TARGET_SCORE, PRECISION_SCORE, LAYOUT_SCORE = 255, 127, 63
@@ -194,7 +194,7 @@ def _free_port_type(port: PortSpec, value: ValueFacts) -> Precision:
 
 def _accepts(kernel: Kernel, port: PortSpec, value: ValueFacts) -> bool:
     declared = kernel.precision.value if port.precision == SAME else port.precision
-    if declared == ANY:
+    if declared in (ANY, EACH):
         if port.precision != SAME:
             return (port.types is None or value.element in port.types
                     or _OTHER_FLOAT.get(value.element or "") in port.types)
@@ -260,6 +260,9 @@ def resolve(kernel: Kernel, node: NodeFacts) -> Resolved:
     def port_type(spec: PortSpec | None, value: ValueFacts | None) -> Port:
         if spec is None:
             return Port(kernel.target, Precision.ANY, Layout.ANY)
+        if spec.precision == EACH:  # the value's own precision, as the node's facts give it
+            return Port(spec.target or kernel.target, value.precision if value is not None else Precision.ANY,
+                        layout if spec.layout == SAME else Layout(spec.layout))
         p = precision if spec.precision == SAME else Precision(spec.precision)
         if p is Precision.ANY and spec.precision != SAME and value is not None:
             p = _free_port_type(spec, value)

@@ -2,7 +2,8 @@
 
 Used by the table generator only: the committed tables carry the result. The rule: ports bound to the op's
 primary type parameter (the type of its main output) follow the kernel's precision and layout (``same``),
-except a variadic port whose values may differ in type (Loop's carried values), which takes each as it is;
+except a variadic port whose values may differ in type (Loop's carried values), which takes each in its own
+type (``each``);
 every other port declares the one precision its types allow, or ``any``; inputs that hold shapes or axes are
 read from host memory on a device target.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from worker.engine.kernels.ops import SHAPE_INPUTS
-from worker.engine.kernels.schema import ANY, SAME, PortSpec
+from worker.engine.kernels.schema import ANY, EACH, SAME, PortSpec
 
 #: ONNX element type name -> precision; names missing here have no precision of their own (``any``).
 TYPE_PRECISION = {"float": "fp32", "float16": "fp16", "int8": "int8", "uint8": "int8", "int32": "int32",
@@ -128,8 +129,8 @@ def ports(sig: OpSignature, op: str, *, device: bool, param_types: dict | None =
         allowed = None
         if bound:
             precision = SAME
-        elif not formal.homogeneous:  # each value its own type: the port converts none of them
-            precision, allowed = ANY, tuple(sorted(types.get(formal.type_str, ()))) or None
+        elif not formal.homogeneous:  # each value its own type, whatever the kernel's precision
+            precision, allowed = EACH, tuple(sorted(types.get(formal.type_str, ()))) or None
         elif formal.type_str in types:
             precision = precision_of_types(types[formal.type_str])
             allowed = tuple(sorted(types[formal.type_str])) if precision == ANY else None

@@ -21,6 +21,9 @@ from worker.engine.places import Layout, Precision
 
 SAME = "same"
 ANY = "any"
+#: A port whose values may each have their own type (Loop's and Scan's carried values, If's outputs): each is
+#: taken in the precision the node's facts give it (a Loop's, the body input's it becomes), never the kernel's.
+EACH = "each"
 OPEN = None  # an opset range without an upper end
 
 PRECISIONS = frozenset(p.value for p in Precision)
@@ -266,7 +269,7 @@ def _parse_port(data: Any, where: str) -> PortSpec:
         raise KernelTableError(f"{where}: unknown port field(s) {', '.join(sorted(unknown))}")
     name = _text(data, "name", where)
     precision, layout = data.get("precision", SAME), data.get("layout", SAME)
-    if precision != SAME and precision not in PRECISIONS:
+    if precision not in (SAME, EACH) and precision not in PRECISIONS:
         raise KernelTableError(f"{where}: bad port precision {precision!r}")
     if layout != SAME and layout not in LAYOUTS:
         raise KernelTableError(f"{where}: bad port layout {layout!r}")
@@ -279,9 +282,10 @@ def _parse_port(data: Any, where: str) -> PortSpec:
             raise KernelTableError(f"{where}: port {key!r} must be true or false")
     types = data.get("types")
     if types is not None:
-        if precision != ANY or not isinstance(types, list) or not types or not set(types) <= ELEMENT_TYPES:
+        if precision not in (ANY, EACH) or not isinstance(types, list) or not types \
+                or not set(types) <= ELEMENT_TYPES:
             raise KernelTableError(f"{where}: port 'types' must be a non-empty list of ONNX element type "
-                                   f"names, on a port of precision 'any'")
+                                   f"names, on a port of precision 'any' or 'each'")
         types = tuple(types)
     return PortSpec(name, precision, layout, target, flags["optional"], flags["variadic"], types)
 

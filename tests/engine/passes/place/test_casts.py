@@ -11,10 +11,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import make_model, save_proto, tensor, vinfo
+from tests.engine.passes.place.helpers import _chain as chain
 from tests.engine.passes.place.helpers import casts, check_annotations, check_edges, check_shared_casts, place_model
 from tests.engine.passes.place.test_corpus import assert_same_outputs
 from worker.engine.ir import save_model
 from worker.engine.passes.support.casts import cast_kind
+from worker.engine.places import Precision
 
 RNG = np.random.default_rng(7)
 
@@ -338,3 +340,74 @@ g (float[1,8,8,8] x) => (float[1,4,8,8] y) <int64[1] s0 = {0}, int64[1] e0 = {4}
     ctx = place_model(save_proto(model, Path(tempfile.mkdtemp()) / "in.onnx"), "arm/fp16/nhwc,arm/fp32/nchw")
     assert "Split" in {n.op_type for n in ctx.graph}
     assert {str(n.place).split("/")[0] for n in ctx.graph} == {"arm"}
+
+
+#: Two convolutions that run NHWC (or on a GPU), their result read inside one branch of an If whose condition
+#: is computed from the data: verification cannot choose the branch, so each must be right as placed.
+READ_IN_BODY = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,8,16,16] x) => (float[1,8,16,16] y) <float two = {2.0}> {
+  c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+  r1 = Relu (c1)
+  c2 = Conv <pads = [1, 1, 1, 1]> (r1, w2)
+  r2 = Relu (c2)
+  m = ReduceMean <keepdims = 0> (x)
+  big = Greater (m, two)
+  y = If (big) <
+    then_branch = tb () => (float[1,8,16,16] a) { a = Sigmoid (r2) },
+    else_branch = eb () => (float[1,8,16,16] b) { b = Neg (x) }
+  >
+}"""
+
+
+@pytest.mark.parametrize("places, cast", [("arm/fp32/nhwc", "layout"), ("arm/fp16/nhwc,arm/fp32/nchw", "layout"),
+                                          ("opencl/fp16/nchw,arm/fp32/nchw", "io_copy")])
+def test_a_value_a_body_reads_is_brought_back_to_the_bodys_layout_and_memory(places, cast, tmp_path):
+    """Bodies run in the model's own NCHW and host memory: an NHWC (or device) value they read gets a layout cast
+    (or an io_copy) before the If, as a top-level consumer's would. Without it the then branch read the NHWC
+    tensor as NCHW: 0.5 off where verification passed (it ran the else branch), or a model onnxruntime refused."""
+    import onnxruntime as ort
+
+    model = onnx.parser.parse_model(READ_IN_BODY)
+    model.graph.initializer.extend([tensor("w1", weights(8, 8, 3, 3)), tensor("w2", weights(8, 8, 3, 3))])
+    source = save_proto(model, tmp_path / "in.onnx")
+    ctx = place_model(source, places)
+    check_annotations(ctx.graph)
+    (sigmoid,) = [n for body in ctx.graph.all_graphs() if body is not ctx.graph for n in body
+                  if n.op_type == "Sigmoid"]
+    read, kinds = chain(sigmoid.input(0))
+    assert read.name == "r2" and cast in kinds, f"the branch reads r2 through {kinds}"
+    out = tmp_path / "out.onnx"
+    save_model(ctx.model, out)
+    reference, candidate = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (source, out))
+    tolerance = 5e-2 if "fp16" in places else 1e-5
+    for shift in (0.0, 5.0):  # the else branch, then the then branch
+        x = {"x": (RNG.random((1, 8, 16, 16)) + shift).astype(np.float32)}
+        np.testing.assert_allclose(candidate.run(None, x)[0], reference.run(None, x)[0], atol=tolerance)
+
+
+LOOP_AFTER_CONV = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,32,32,32] x0, int64 n) => (float[1,32,32,32] y) {
+  c = Conv <pads = [1, 1, 1, 1]> (x0, w)
+  x = Relu (c)
+  t = Constant <value = bool {1}> ()
+  y = Loop (n, t, x) <
+    body = b (int64 i, bool ci, float[1,32,32,32] acc) => (bool co, float[1,32,32,32] acc2) {
+      co = Identity (ci)
+      half = Constant <value = float {0.5}> ()
+      acc2 = Mul (acc, half)
+    }
+  >
+}"""
+
+
+@pytest.mark.parametrize("places", ["arm/fp16/nhwc,arm/fp32/nchw", "cuda/fp16/nchw", "opencl/fp16/nchw,arm/fp32/nchw"])
+def test_a_loop_gets_its_carried_value_in_the_bodys_type_and_layout(places, tmp_path):
+    """A convolution large enough to run in fp16 (and NHWC on ARM) feeds a Loop whose body declares float NCHW:
+    the Loop's input is converted back (it went in fp16 and onnxruntime refused the model: 10 != 1)."""
+    model = onnx.parser.parse_model(LOOP_AFTER_CONV)
+    model.graph.initializer.append(tensor("w", weights(32, 32, 3, 3)))
+    ctx, _ = placed(tmp_path, model, places)
+    conv = next(n for n in ctx.graph if "Conv" in n.op_type)
+    assert conv.pick.resolved.precision is Precision.FP16

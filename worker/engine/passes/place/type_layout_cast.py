@@ -20,8 +20,8 @@ from worker.engine.kernels.pick import Pick, Port
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.casts import (cast_kernel, consumer_slots, converted_constant, find_shared,
-                                                insert_cast, redirect_output)
+from worker.engine.passes.support.casts import (captured_reads, cast_kernel, consumer_slots, converted_constant,
+                                                find_shared, insert_cast, redirect_output)
 from worker.engine.passes.support.nhwc import (TO_NCHW, TO_NHWC, complete_attributes, is_biased, nhwc_form,
                                                register_nhwc)
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_opset
@@ -122,6 +122,11 @@ def type_layout_cast(ctx: PassContext) -> PassResult:
         node.set_input(slot, relaid(ctx, value, wanted, port.target, node, cache))
         graph.remove_unused([value])
         result.rewrote({"value": value.name, "to": wanted.value, "consumer": node.name})
+    for node, inner, slot, value in captured_reads(graph):  # bodies read the model's own layout, NCHW
+        if value.rank != 4 or value.place.layout is not Layout.NHWC or is_constant(value):
+            continue
+        inner.set_input(slot, relaid(ctx, value, Layout.NCHW, value.place.target.name, node, cache))
+        result.rewrote({"value": value.name, "to": Layout.NCHW.value, "consumer": inner.name})
     wrapped = 0
     for node in list(graph):
         pick = node.pick

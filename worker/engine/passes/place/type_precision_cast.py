@@ -27,7 +27,8 @@ from worker.engine.kernels.pick import Pick
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support import qdq
-from worker.engine.passes.support.casts import (cast_kernel, cast_kind, consumer_slots, converted_constant, find_shared,
+from worker.engine.passes.support.casts import (captured_reads, cast_kernel, cast_kind, consumer_slots, converted_constant,
+                                                find_shared,
                                                 insert_cast, np_dtype, redirect_output, to_fp16)
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, place_outputs
 from worker.engine.places import Layout, Place, Precision, get_target, precision_of_dtype
@@ -93,22 +94,6 @@ def absorb_quantized(graph: Graph) -> int:
                 value.place = Place(pick.place.target, precision_of_dtype(value.dtype), Layout.NCHW)
         absorbed += 1
     return absorbed
-
-
-def captured_reads(graph: Graph) -> list[tuple[Node, Node, int, Value]]:
-    """(If/Loop/Scan node, body node, slot, value) for every value of ``graph`` a body node reads: bodies run
-    in their own types, so such a value needs a calib (before the node with the body) when its producer now
-    runs in another precision."""
-    found = []
-    for node in list(graph):
-        if node.pick is None:
-            continue
-        for body in node.subgraphs():
-            for inner in body.all_nodes():
-                found += [(node, inner, slot, value) for slot, value in enumerate(inner.inputs)
-                          if value is not None and value.graph is graph and value.place is not None
-                          and inner.pick is not None]
-    return found
 
 
 @register_pass(name="type_precision_cast", peer="Paddle-Lite", kind=PassKind.PROGRAM, level=1,

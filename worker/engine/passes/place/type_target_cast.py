@@ -15,8 +15,8 @@ from __future__ import annotations
 from worker.engine.ir import Node, Value
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.casts import (cast_kernel, consumer_slots, find_shared, insert_cast,
-                                                redirect_output, same_memory)
+from worker.engine.passes.support.casts import (captured_reads, cast_kernel, consumer_slots, find_shared,
+                                                insert_cast, redirect_output, same_memory)
 from worker.engine.passes.support.placement import fetch_place, is_constant
 from worker.engine.places import HOST, Place, get_target
 
@@ -55,6 +55,12 @@ def type_target_cast(ctx: PassContext) -> PassResult:
         moved = copy_to(ctx, value, target, node)
         node.set_input(slot, moved)
         result.rewrote({"value": value.name, "to": target, "consumer": node.name})
+    for node, inner, slot, value in captured_reads(graph):  # a body reads it: copied before the node with the body
+        target = inner.pick.input(slot).target
+        if is_constant(value) or value.type_proto is not None or same_memory(value.place.target.name, target):
+            continue
+        inner.set_input(slot, copy_to(ctx, value, target, node))
+        result.rewrote({"value": value.name, "to": target, "consumer": inner.name})
     for value in list(graph.outputs):
         fetch = fetch_place(ctx, value)
         if value.place is not None and value.type_proto is None and not same_memory(value.place.target.name,

@@ -124,6 +124,23 @@ def consumer_slots(graph: Graph) -> list[tuple[Node, int, Value]]:
     return found
 
 
+def captured_reads(graph: Graph) -> list[tuple[Node, Node, int, Value]]:
+    """(If/Loop/Scan node, body node, slot, value) for every value of ``graph`` that a body node reads. Bodies
+    run in the model's own types, layout and host memory, never converted: such a value is brought back to
+    them by a cast before the node that holds the body, when its producer now runs on another target, in
+    another precision or in NHWC (the cast passes, each for its kind)."""
+    found = []
+    for node in list(graph):
+        if node.pick is None:
+            continue
+        for body in node.subgraphs():
+            for inner in body.all_nodes():
+                found += [(node, inner, slot, value) for slot, value in enumerate(inner.inputs)
+                          if value is not None and value.graph is graph and value.place is not None
+                          and inner.pick is not None]
+    return found
+
+
 def same_memory(a: str, b: str) -> bool:
     return get_target(a).shares_memory_with(get_target(b))
 
