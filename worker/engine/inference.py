@@ -68,6 +68,10 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
     for rounds in range(1, MAX_ROUNDS + 1):
         check_sized_by_value(model.graph, known, limits)
         error = _infer_with_onnx(model, known)
+        for _ in range(MAX_ROUNDS):  # a relaxed carried value retypes its body, which may relax another
+            if not _relax_carried(model.graph):
+                break
+            error = _infer_with_onnx(model, known) or error
         if error:
             figures["onnx_inference_error"] = error
         _infer_loop_outputs(model.graph, known)
@@ -345,6 +349,50 @@ def _infer_loop_outputs(graph: Graph, known: dict[str, np.ndarray]) -> None:
                 inside = body.outputs[1 + carried + k]
                 if trips is not None and inside.is_static:
                     _merge(out, inside.dtype, (trips, *inside.shape), None)
+
+
+def _relax_carried(graph: Graph) -> bool:
+    """Loosen what a Loop or Scan body declares of a carried value to what holds on every iteration: a dim
+    stays only where the initial value, the declaration and what the body makes of it agree. The TorchScript
+    exporter declares an accumulator its first iteration's shape (Mask R-CNN's pasted masks: float[0,320,320],
+    one more row a trip), and a rewrite that trusted the 0 dropped the Concat that appends to it. The body's
+    values are typed again from the loosened inputs (their old dims cleared: a merge keeps static dims).
+    Returns whether anything changed."""
+    changed = False
+    for owner in list(graph.all_graphs()):
+        for node in list(owner):
+            body = node.attr("body") if node.op_type in ("Loop", "Scan") and not node.domain else None
+            if body is None:
+                continue
+            if node.op_type == "Loop":
+                pairs = [(node.input(2 + i), body.inputs[2 + i], body.outputs[1 + i])
+                         for i in range(min(len(node.inputs) - 2, len(body.inputs) - 2, len(body.outputs) - 1))]
+            else:
+                states = len(node.inputs) - int(node.attr("num_scan_inputs", 0))
+                pairs = [(node.input(i), body.inputs[i], body.outputs[i])
+                         for i in range(min(states, len(body.inputs), len(body.outputs)))]
+            relaxed = False
+            for initial, inside, made in pairs:
+                shape = _carried_shape(inside.shape, initial.shape if initial is not None else None, made.shape)
+                if shape != inside.shape:
+                    inside.shape, relaxed = shape, True
+            if relaxed:
+                for inner in body.all_graphs():
+                    for value in inner.values():
+                        if not value.is_graph_input and not value.is_initializer:
+                            value.shape = None
+                changed = True
+    return changed
+
+
+def _carried_shape(declared: Shape | None, initial: Shape | None, made: Shape | None) -> Shape | None:
+    if declared is None:
+        return None
+    if made is None or len(made) != len(declared):
+        return tuple(None for _ in declared)
+    return tuple(d if d is not None and made[k] == d and (initial is None or len(initial) != len(declared)
+                                                          or initial[k] == d) else None
+                 for k, d in enumerate(declared))
 
 
 def _trip_count(node, body: Graph, known: dict[str, np.ndarray]) -> int | None:

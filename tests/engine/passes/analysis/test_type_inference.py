@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 from onnx import TensorProto, helper
 
@@ -136,3 +137,38 @@ def test_loop_stopped_by_its_body_keeps_an_unknown_scan_length(tmp_path):
     final, scans = model.graph.outputs
     assert final.shape == (2, 3)  # the carried value keeps its shape however many iterations run
     assert scans.shape is not None and not isinstance(scans.shape[0], int)
+
+
+ACCUMULATOR = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4] x, int64 n) => (float[N,4] y) {
+  t = Constant <value = bool {1}> ()
+  e = Constant <value = float[0,4] {}> ()
+  y = Loop (n, t, e) <
+    body = b (int64 i, bool ci, float[0,4] acc) => (bool co, float[L,4] acc2) {
+      co = Identity (ci)
+      fi = Cast <to = 1> (i)
+      row = Add (x, fi)
+      acc2 = Concat <axis = 0> (acc, row)
+    }
+  >
+}"""
+
+
+def test_a_carried_value_declared_at_its_first_shape_is_loosened_to_what_every_trip_holds(tmp_path):
+    """The TorchScript exporter declares an accumulator its first trip's shape (Mask R-CNN's pasted masks:
+    float[0,320,320]); one row is appended a trip, so its rows are unknown inside the body and the Concat that
+    appends them is no Concat with an empty input (eliminate_nop_concat took it for one: [1, 4] came out
+    instead of [17, 4])."""
+    from worker.engine.api import optimize
+
+    path = tmp_path / "acc.onnx"
+    onnx.save(onnx.parser.parse_model(ACCUMULATOR), path)
+    model = load_model(path)
+    infer(model)
+    body = model.graph.nodes_of_type("Loop")[0].attr("body")
+    assert body.inputs[2].shape == (None, 4) and body.outputs[1].shape[1] == 4
+    assert not isinstance(body.outputs[1].shape[0], int)
+    report = optimize(path, tmp_path / "out.onnx", OptimizeOptions())
+    assert report["verification"]["passed"] is True
+    assert any(n.op_type == "Concat" for g in load_model(tmp_path / "out.onnx").graph.all_graphs() for n in g)

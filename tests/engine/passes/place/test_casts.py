@@ -411,3 +411,14 @@ def test_a_loop_gets_its_carried_value_in_the_bodys_type_and_layout(places, tmp_
     ctx, _ = placed(tmp_path, model, places)
     conv = next(n for n in ctx.graph if "Conv" in n.op_type)
     assert conv.pick.resolved.precision is Precision.FP16
+
+
+def test_fp16_storage_converts_a_weight_only_a_body_reads_before_the_node_holding_the_body(tmp_path):
+    """The calib from the fp16 weight went before the body's Conv, in the main graph, and the pass failed
+    ("Node(Conv) is not in this graph"; soft: the weights stayed fp32). It goes before the If now."""
+    model = onnx.parser.parse_model(BRANCHES)
+    model.graph.initializer.append(tensor("w", weights(4, 4, 3, 3)))
+    ctx, _ = placed(tmp_path, model, "x86/fp32/nchw", fp16_storage=True, strict=True)
+    assert ctx.graph.initializers["w_fp16"].dtype == TensorProto.FLOAT16
+    (calib,) = casts(ctx.graph)
+    assert calib.graph is ctx.graph and [u.node.op_type for u in calib.output().uses] == ["FusedConvRelu"]

@@ -60,10 +60,11 @@ def store_half(ctx: PassContext, value: Value) -> int:
         half.place = Place(place.target, Precision.FP16, place.layout)
         if target not in made:
             kernel = cast_kernel(ctx.kernels, "calib", target, "fp16_to_fp32")
+            # a body node's calib goes before the If/Loop/Scan that holds the body (its weight is outside)
             made[target] = insert_cast(graph, half, "calib", {"to": TensorProto.FLOAT},
                                        Place(half.place.target, Precision.FP32, place.layout), kernel,
-                                       before=node, dtype=TensorProto.FLOAT, shape=half.shape,
-                                       portable=ctx.options.portable)
+                                       before=graph.ancestor_in(node), dtype=TensorProto.FLOAT,
+                                       shape=half.shape, portable=ctx.options.portable)
         node.set_input(slot, made[target])
     graph.remove_unused([value])
     return len(made)
