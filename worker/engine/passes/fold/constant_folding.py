@@ -26,7 +26,7 @@ from onnx import helper
 from worker.engine.evaluate import NONDETERMINISTIC, evaluate
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.limits import elements_from_values, size_text as _size_text
-from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.support.arrays import is_uniform
 from worker.engine.passes.support.constants import replace_with_constant
 from worker.engine.passes.support.shapes import static_shape
@@ -99,6 +99,42 @@ def _count_from_values(node: Node, inputs: list) -> int | None:
     return elements_from_values(node.op_type, inputs[0].shape if inputs and inputs[0] is not None else None, inputs)
 
 
+#: Elementwise ops beyond ELEMENTWISE whose output is their inputs broadcast (comparisons, logic, Where, Mod).
+BROADCASTING = frozenset({"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not",
+                          "Where", "Mod"})
+#: Ops whose output holds exactly their first input's elements, whatever its shape.
+SAME_COUNT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity", "Cast",
+                            "CastLike"})
+
+
+def _count_from_input_shapes(node: Node, inputs: list) -> int | None:
+    """Element count from the constant inputs themselves, for a node whose inferred type went stale when an
+    earlier fold turned its input into a constant (an Expand over torchscript's Where(Equal(s, -1), 1, s)
+    shape, folded: the Unsqueeze after it still read [7, unk__202, 1], and swin_t's whole shifted-window
+    mask stayed unfolded)."""
+    present = [a for a in inputs if a is not None]
+    if not present or len(present) != len([v for v in node.inputs if v is not None]):
+        return None
+    data = present[0]
+    if node.op_type in SAME_COUNT_OPS or node.op_type == "Slice":  # a Slice keeps at most its input
+        return int(data.size)
+    if node.op_type == "Shape":
+        return data.ndim
+    if node.op_type == "Size":
+        return 1
+    if node.op_type == "Concat":
+        return sum(int(a.size) for a in present)
+    if node.op_type == "Gather" and len(present) == 2 and data.ndim:
+        axis = int(node.attr("axis", 0)) % data.ndim
+        return int(data.size // max(data.shape[axis], 1) * present[1].size) if data.shape[axis] else 0
+    if node.op_type in ELEMENTWISE or node.op_type in BROADCASTING:
+        try:
+            return math.prod(np.broadcast_shapes(*(np.shape(a) for a in present)))
+        except ValueError:
+            return None
+    return None
+
+
 def output_bytes(node: Node, inputs: list) -> int | None:
     """Bytes of the node's outputs from type inference, or from the input values for ops sized by them."""
     total = 0
@@ -107,6 +143,8 @@ def output_bytes(node: Node, inputs: list) -> int | None:
         count = math.prod(shape) if shape is not None else None  # Python ints: no int64 wrap-around
         if count is None and len(node.outputs) == 1:
             count = _count_from_values(node, inputs)
+        if count is None and len(node.outputs) == 1:
+            count = _count_from_input_shapes(node, inputs)
         if count is None or count < 0:
             return None
         total += count * _itemsize(value)
@@ -193,6 +231,8 @@ def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult, bu
         result.refused(f"constant_folding: {node.op_type}: {computed}")
         return
     budget[0] -= sum(int(array.nbytes) for array in computed)
+    if any(v.is_used and static_shape(v) != tuple(np.shape(a)) for v, a in zip(node.outputs, computed)):
+        result.data["typed_anew"] = result.data.get("typed_anew", 0) + 1  # its readers' types derive from a guess
     replace(graph, node, computed)
     result.rewrote({"rule": "constant_folding", "from": [node.name], "to": []})
 
@@ -206,6 +246,7 @@ def replace(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
 
 
 @register_pass(name="constant_folding", peer="NNVM", kind=PassKind.PROGRAM, level=1,
+               invalidates=(Analysis.TYPES, Analysis.ORDER),
                description="compute nodes whose inputs are all constant (PrecomputePrune); large generated "
                            "tensors only when they become weights")
 def constant_folding(ctx: PassContext) -> PassResult:
@@ -217,4 +258,8 @@ def constant_folding(ctx: PassContext) -> PassResult:
     for graph in ctx.graph.live_graphs():
         for node in graph:
             fold_node(ctx, graph, node, result, budget)
+    if not result.data.get("typed_anew"):
+        # every folded value had the shape inference gave it, so its readers' types hold; a value inference
+        # could not size (swin's Expand of a computed shape) leaves its readers' types to infer again
+        result.preserve(Analysis.TYPES)
     return result
