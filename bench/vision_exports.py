@@ -1,0 +1,415 @@
+"""Export torchvision and timm image classifiers (random weights, nothing downloaded) to ONNX with both torch
+exporters, then sweep mirserve over them under every place set: the real vision exports mirserve had never
+been tried on (the transformer tables cover transformers models only), to find every way it fails on them.
+
+Two steps, in two environments:
+
+- ``export`` (the torch environment, ``/work/bench-env/venv/bin/python``): builds each architecture with
+  random weights (``weights=None`` / ``pretrained=False``, ``torch.manual_seed(0)``), BatchNorm running
+  statistics set off their defaults (mean in [-0.1, 0.1], variance in [0.5, 1.5]) so that folding works on
+  non-trivial values, and exports it with both exporters:
+
+  - ``dynamo``: ``torch.onnx.export(..., dynamo=True)``, the exporter's default opset;
+  - ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``.
+
+  Inputs are small and static (1x3x64x64 for most; the smallest size an architecture accepts otherwise, e.g.
+  inception_v3 at 80, maxvit_t and efficientformer_l1 at 224, ViT-style models at a 4x4 patch grid through
+  ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
+  inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
+  ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored); an existing file is kept
+  unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
+  failing (the run goes on; exit status 1 if any failed).
+
+- ``sweep`` (the project's environment, ``.venv/bin/python``): for every export in ``--out``, runs
+  ``mirserve optimize MODEL -o OUT --json`` in a child process (one at a time, ``--timeout`` seconds each,
+  default 300) under each configuration of ``CONFIGS``: the default places (``x86/fp32/nchw``), the arm, opencl
+  and npu place sets of ``placement_exports.py``, ``--portable``, and ``--opt-level 1 --no-verify`` under
+  ``arm/fp16/nhwc,arm/fp32/nchw`` (host nodes at level 2 must not exceed level 1's, counted as
+  ``placement_exports.host_figures`` does). Records per run the exit status, the error's last line, whether it
+  verified and the max abs diff, output nodes, wall seconds, host nodes and casts, and once per model the peers
+  (onnxsim, onnxslim, onnxruntime basic and extended, through ``../shared/bench/peers.py`` under
+  ``--peers-python``). Results are kept in ``--out``/sweep.json (a run already there is not repeated unless
+  ``--force``) so an interrupted sweep resumes; configurations run round by round (every model's default run
+  first) so a partial sweep still covers every model. Prints a table (one row per model x exporter) and a list
+  of failures (crash, refusal, verification failure, timeout, level 2 worse on host nodes than level 1, more
+  nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
+
+Usage:
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--exporter dynamo|torchscript]
+        [--out DIR] [--force] [--list]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--exporter ...] [--config NAME ...] [--out DIR]
+        [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
+    .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "out" / "vision"
+EXPORTERS = ("dynamo", "torchscript")
+PEERS_SCRIPT = REPO.parent / "shared" / "bench" / "peers.py"
+if not PEERS_SCRIPT.exists():
+    PEERS_SCRIPT = Path("/work/shared/bench/peers.py")
+PEERS_PYTHON = Path("/work/peers-env/bin/python")
+
+
+@dataclass(frozen=True)
+class Arch:
+    #: "torchvision" or "timm"
+    library: str
+    #: the builder's name (torchvision.models.<name> or timm.create_model(<name>))
+    builder: str
+    #: the input's shape
+    shape: tuple = (1, 3, 64, 64)
+    #: extra keyword arguments of the builder
+    kwargs: dict = field(default_factory=dict)
+
+
+def _tv(builder, shape=(1, 3, 64, 64), **kwargs):
+    return Arch("torchvision", builder, shape, kwargs)
+
+
+def _timm(builder, shape=(1, 3, 64, 64), **kwargs):
+    return Arch("timm", builder, shape, kwargs)
+
+
+#: name -> architecture. The name is prefixed with its library, the timm ones' builder names kept.
+MODELS: dict[str, Arch] = {
+    "tv_resnet18": _tv("resnet18"),
+    "tv_resnext50_32x4d": _tv("resnext50_32x4d"),
+    "tv_wide_resnet50_2": _tv("wide_resnet50_2"),
+    "tv_mobilenet_v2": _tv("mobilenet_v2"),
+    "tv_mobilenet_v3_large": _tv("mobilenet_v3_large"),
+    "tv_efficientnet_b0": _tv("efficientnet_b0"),
+    "tv_efficientnet_v2_s": _tv("efficientnet_v2_s"),
+    "tv_regnet_y_400mf": _tv("regnet_y_400mf"),
+    "tv_convnext_tiny": _tv("convnext_tiny"),
+    "tv_shufflenet_v2_x1_0": _tv("shufflenet_v2_x1_0"),
+    "tv_squeezenet1_1": _tv("squeezenet1_1"),
+    "tv_densenet121": _tv("densenet121"),
+    "tv_googlenet": _tv("googlenet", aux_logits=False, init_weights=True),
+    "tv_inception_v3": _tv("inception_v3", (1, 3, 80, 80), aux_logits=False, init_weights=True),
+    "tv_mnasnet0_5": _tv("mnasnet0_5"),
+    "tv_vit_b_16": _tv("vit_b_16", image_size=64),
+    "tv_swin_t": _tv("swin_t"),
+    "tv_maxvit_t": _tv("maxvit_t", (1, 3, 224, 224)),
+    "tv_r3d_18": _tv("video.r3d_18", (1, 3, 8, 32, 32)),
+    "timm_resnet50d": _timm("resnet50d"),
+    "timm_efficientnet_b0": _timm("efficientnet_b0"),
+    "timm_mobilenetv3_large_100": _timm("mobilenetv3_large_100"),
+    "timm_ghostnet_100": _timm("ghostnet_100"),
+    "timm_rexnet_100": _timm("rexnet_100"),
+    "timm_regnetx_002": _timm("regnetx_002"),
+    "timm_convnext_atto": _timm("convnext_atto"),
+    "timm_vit_tiny_patch16_224": _timm("vit_tiny_patch16_224", img_size=64),
+    "timm_deit_tiny_patch16_224": _timm("deit_tiny_patch16_224", img_size=64),
+    "timm_levit_128s": _timm("levit_128s", (1, 3, 128, 128), img_size=128),
+    "timm_mobilevit_xxs": _timm("mobilevit_xxs"),
+    "timm_efficientformerv2_s0": _timm("efficientformerv2_s0", img_size=64),
+    "timm_efficientformer_l1": _timm("efficientformer_l1", (1, 3, 224, 224)),  # attention biases fixed at 7x7
+    "timm_poolformer_s12": _timm("poolformer_s12"),
+    "timm_mixer_s16_224": _timm("mixer_s16_224", img_size=64),
+    "timm_cspdarknet53": _timm("cspdarknet53"),
+    "timm_cspresnet50": _timm("cspresnet50"),
+    "timm_dla34": _timm("dla34"),
+    "timm_hrnet_w18_small": _timm("hrnet_w18_small"),
+    "timm_coat_tiny": _timm("coat_tiny", img_size=64),
+    "timm_coatnet_0_rw_224": _timm("coatnet_0_rw_224", img_size=64),
+    "timm_edgenext_xx_small": _timm("edgenext_xx_small"),
+    "timm_fastvit_t8": _timm("fastvit_t8"),
+    "timm_repvgg_a0": _timm("repvgg_a0"),
+    "timm_tinynet_a": _timm("tinynet_a"),
+}
+
+
+# --- export (torch environment) -------------------------------------------------------------------------
+def build(name: str):
+    """The model in eval mode, random weights, BatchNorm statistics off their defaults, and its input."""
+    import torch
+
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    if spec.library == "torchvision":
+        import torchvision
+
+        owner = torchvision.models
+        *path, last = spec.builder.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        model = getattr(owner, last)(weights=None, **spec.kwargs)
+    else:
+        import timm
+
+        model = timm.create_model(spec.builder, pretrained=False, **spec.kwargs)
+    model = model.eval()
+    for module in model.modules():  # running statistics off their defaults, as a trained model's are
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+            module.running_mean.uniform_(-0.1, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+    image = torch.rand(*spec.shape, generator=torch.Generator().manual_seed(0))
+    return model, image
+
+
+def export(name: str, exporter: str, path: Path) -> None:
+    import torch
+
+    model, image = build(name)
+    # nn.MultiheadAttention's inference fast path (aten::_native_multi_head_attention) has no TorchScript
+    # symbolic; with it off both exporters see the composite attention, as users exporting ViTs set it
+    torch.backends.mha.set_fastpath_enabled(False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            program = torch.onnx.export(model, (image,), dynamo=True, input_names=["images"],
+                                        output_names=["logits"], external_data=False)
+            program.save(str(path))
+        else:
+            torch.onnx.export(model, (image,), str(path), dynamo=False, opset_version=17, input_names=["images"],
+                              output_names=["logits"], do_constant_folding=True)
+
+
+def export_all(names, exporters, out: Path, force: bool) -> int:
+    import onnx
+
+    failed = False
+    for name in names:
+        for exporter in exporters:
+            path = out / f"{name}.{exporter}.onnx"
+            started = time.perf_counter()
+            try:
+                if force or not path.exists():
+                    export(name, exporter, path)
+                model = onnx.load(str(path))
+                opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+                print(f"{path.name}: {len(model.graph.node)} nodes, opset {opset}, "
+                      f"{time.perf_counter() - started:.1f} s", flush=True)
+            except Exception as error:  # one failed export must not hide the others
+                failed = True
+                path.unlink(missing_ok=True)
+                message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+                print(f"{path.name}: FAILED ({type(error).__name__}: {message})", flush=True)
+    return 1 if failed else 0
+
+
+# --- sweep (project environment) ------------------------------------------------------------------------
+#: configuration name -> mirserve optimize options
+CONFIGS = {
+    "default": [],
+    "arm": ["--places", "arm/fp16/nhwc,arm/fp32/nchw"],
+    "portable": ["--portable"],
+    # its figure is the host nodes, which verification does not change (the fp16 precision fallback moves nodes
+    # between arm places, not to host): without it, as the fp16 runs' fallback search can take a minute each
+    "arm_L1": ["--places", "arm/fp16/nhwc,arm/fp32/nchw", "--opt-level", "1", "--no-verify"],
+    "npu": ["--places", "npu/int8/nchw,arm/fp32/nchw"],
+    "opencl": ["--places", "opencl/fp16/nchw,arm/fp32/nchw"],
+}
+
+
+def _host_figures(summary: dict) -> dict:
+    sys.path.insert(0, str(REPO / "bench"))
+    from placement_exports import host_figures
+
+    return host_figures({"summary": summary, "verification": summary.get("verification")})
+
+
+def run_mirserve(model: Path, config: str, timeout: float, python: Path, tree: Path = REPO) -> dict:
+    """One ``mirserve optimize --json`` run in its own child: its figures, or its error. ``tree`` is the
+    mirserve source tree run (``python -m app.cli`` in it, so its packages come first on the path)."""
+    out = Path("/tmp") / f"vision_sweep.{model.stem}.{config}.onnx"
+    command = [str(python), "-m", "app.cli", "optimize", str(model), "-o", str(out), "--json", *CONFIGS[config]]
+    started = time.perf_counter()
+    try:
+        child = subprocess.run(command, cwd=tree, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "seconds": round(time.perf_counter() - started, 1)}
+    finally:
+        out.unlink(missing_ok=True)
+    result = {"status": child.returncode, "seconds": round(time.perf_counter() - started, 1)}
+    try:
+        summary = json.loads(child.stdout)
+    except ValueError:
+        summary = None
+    if child.returncode != 0 or summary is None:
+        lines = [line for line in (child.stderr or child.stdout).strip().splitlines() if line.strip()]
+        result["error"] = (lines[-1] if lines else "?")[:400]
+        traceback = [line for line in lines if "Traceback" in line]
+        result["traceback"] = bool(traceback)
+        if traceback:
+            result["stderr_tail"] = "\n".join(lines[-16:])[:3000]
+        return result
+    verification = summary.get("verification") or {}
+    result.update(_host_figures(summary))
+    result.update(nodes_before=summary["nodes"]["before"], nodes=summary["nodes"]["after"],
+                  verified=verification.get("passed"), skipped=verification.get("skipped"),
+                  max_abs_diff=verification.get("max_abs_diff"),
+                  warnings=[str(w)[:300] for w in summary.get("warnings") or []])
+    return result
+
+
+def run_peers(model: Path, python: Path, timeout: float) -> dict:
+    command = [str(python), str(PEERS_SCRIPT), str(model), "--no-check", "--only", "onnxsim", "--only", "onnxslim",
+               "--only", "ort_basic", "--only", "ort_extended"]
+    try:
+        child = subprocess.run(command, capture_output=True, text=True, timeout=timeout * 2)
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout"}
+    try:
+        rows = json.loads(child.stdout.strip().splitlines()[-1])["rows"]
+    except (ValueError, IndexError, KeyError):
+        return {"error": ((child.stderr.strip().splitlines() or ["?"])[-1])[:200]}
+    return {r["peer"]: r.get("nodes", r.get("error")) for r in rows if r["peer"] != "original"}
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _save(path: Path, results: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def sweep(models: list[Path], configs: list[str], out: Path, force: bool, peers: bool, timeout: float,
+          python: Path, peers_python: Path, tree: Path = REPO) -> None:
+    store = out / "sweep.json"
+    results = _load(store)
+    for config in configs:  # round by round: every model's default run first
+        for model in models:
+            key = f"{model.stem}|{config}"
+            if key in results and not force:
+                continue
+            results[key] = run_mirserve(model.resolve(), config, timeout, python, tree)
+            _save(store, results)
+            print(f"{model.stem:45} {config:9} {_cell(results[key])}", flush=True)
+            if config == "default" and peers and (f"{model.stem}|peers" not in results or force):
+                results[f"{model.stem}|peers"] = run_peers(model, peers_python, timeout)
+                _save(store, results)
+
+
+def _cell(run: dict | None) -> str:
+    if not run:
+        return "-"
+    if run["status"] == "timeout":
+        return "TIMEOUT"
+    if "error" in run:
+        return "CRASH" if run.get("traceback") else "REFUSED"
+    if run.get("verified") is False:
+        return f"{run['nodes']}!VERIFY"
+    if run.get("verified") is None:
+        return f"{run['nodes']}?unverified"
+    return str(run["nodes"])
+
+
+def failures(results: dict) -> list[tuple[str, str, str]]:
+    """(export, configuration, what) for each failure in the results."""
+    found = []
+    models = sorted({key.split("|")[0] for key in results})
+    for model in models:
+        peers = results.get(f"{model}|peers") or {}
+        for config in CONFIGS:
+            run = results.get(f"{model}|{config}")
+            if not run:
+                continue
+            if run["status"] == "timeout":
+                found.append((model, config, f"timeout after {run['seconds']} s"))
+            elif "error" in run:
+                kind = "crash" if run.get("traceback") else "refused"
+                found.append((model, config, f"{kind} (exit {run['status']}): {run['error']}"))
+            else:
+                if run.get("verified") is False:
+                    found.append((model, config, f"verification failed, max abs diff {run.get('max_abs_diff')}"))
+                elif run.get("verified") is None and "--no-verify" not in CONFIGS[config]:
+                    found.append((model, config, f"not verified: {run.get('skipped')}"))
+                for warning in run.get("warnings") or []:
+                    if "by the placement plan" in warning:  # a choice the report explains, not a failure
+                        continue
+                    found.append((model, config, f"warning: {warning}"))
+        one, two = results.get(f"{model}|arm_L1"), results.get(f"{model}|arm")
+        if one and two and "host" in one and "host" in two and two["host"] > one["host"]:
+            found.append((model, "arm", f"host nodes at level 2 ({two['host']}) > level 1 ({one['host']})"))
+        default = results.get(f"{model}|default") or {}
+        if "nodes" in default:
+            for peer in ("onnxsim", "ort_extended"):
+                if isinstance(peers.get(peer), int) and default["nodes"] > peers[peer]:
+                    found.append((model, "default", f"{default['nodes']} nodes > {peer} {peers[peer]}"))
+        times = [results[f"{model}|{c}"]["seconds"] for c in CONFIGS if f"{model}|{c}" in results]
+        if times and max(times) > 60:
+            found.append((model, "-", f"slow: {max(times)} s"))
+    return found
+
+
+def table(results: dict) -> str:
+    models = sorted({key.split("|")[0] for key in results})
+    head = (f"{'export':42} {'in':>5} {'default':>10} {'s':>5} {'onnxsim':>7} {'slim':>5} {'ortB':>5} {'ortE':>5} "
+            f"{'arm':>10} {'arm s':>5} {'opencl':>10} {'npu':>10} {'portable':>10} {'hostL1':>6} {'hostL2':>6}")
+    lines = [head]
+    for model in models:
+        get = lambda c: results.get(f"{model}|{c}")  # noqa: E731
+        peers = get("peers") or {}
+        default = get("default") or {}
+        p = lambda k: str(peers.get(k, "-"))[:7]  # noqa: E731
+        host = lambda r: str(r["host"]) if r and "host" in r else "-"  # noqa: E731
+        lines.append(f"{model:42} {default.get('nodes_before', '-'):>5} {_cell(default):>10} "
+                     f"{default.get('seconds', '-'):>5} {p('onnxsim'):>7} {p('onnxslim'):>5} {p('ort_basic'):>5} "
+                     f"{p('ort_extended'):>5} {_cell(get('arm')):>10} {(get('arm') or {}).get('seconds', '-'):>5} "
+                     f"{_cell(get('opencl')):>10} "
+                     f"{_cell(get('npu')):>10} {_cell(get('portable')):>10} {host(get('arm_L1')):>6} "
+                     f"{host(get('arm')):>6}")
+    return "\n".join(lines)
+
+
+def report(out: Path) -> int:
+    results = _load(out / "sweep.json")
+    print(table(results))
+    found = failures(results)
+    print(f"\nFAILURES ({len(found)})")
+    for model, config, what in found:
+        print(f"  {model:45} {config:9} {what}")
+    return 1 if found else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("export", "sweep", "table"))
+    parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
+    parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
+    parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--force", action="store_true", help="export (or run) again even if done")
+    parser.add_argument("--list", action="store_true", help="list the models and exit")
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per mirserve run")
+    parser.add_argument("--mirserve-python", type=Path, default=REPO / ".venv" / "bin" / "python")
+    parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON)
+    parser.add_argument("--mirserve-tree", type=Path, default=REPO,
+                        help="the mirserve source tree to run (default this checkout; e.g. a `git archive` of a "
+                             "commit, so edits in progress do not change a long sweep's results)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
+        return 0
+    names, exporters = args.only or list(MODELS), args.exporter or list(EXPORTERS)
+    if args.step == "export":
+        return export_all(names, exporters, args.out, args.force)
+    if args.step == "sweep":
+        models = [path for name in names for exporter in exporters
+                  if (path := args.out / f"{name}.{exporter}.onnx").exists()]
+        sweep(models, args.config or list(CONFIGS), args.out, args.force, not args.no_peers, args.timeout,
+              args.mirserve_python, args.peers_python, args.mirserve_tree.resolve())
+    return report(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
