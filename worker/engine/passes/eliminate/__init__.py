@@ -17,6 +17,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_pooling1x1,
     eliminate_qdq_around_data_movement,
     eliminate_reshape_before_binaryop,
+    fuse_consecutive_concats,
     fuse_consecutive_reshapes,
     fuse_consecutive_squeezes,
     fuse_consecutive_transposes,
