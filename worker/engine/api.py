@@ -7,6 +7,7 @@ that die with their parent.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -30,7 +31,8 @@ from worker.engine.options import OptimizeOptions
 from worker.engine.passes import REGISTRY, PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
 from worker.engine.passes.support.casts import widens_fp16
-from worker.engine.passes.pipelines import all_pipelines, get_pipeline, pass_names
+from worker.engine.passes.pipelines import (CHAINS, DOMAIN_FUSE, FUSE, MEMORY, PLACE, REPLACE, all_pipelines,
+                                            get_pipeline, pass_names)
 from worker.engine.passes.place.support_check import KERNEL_PICK, kernel_pick_will_run, placement_support
 from worker.engine.kernels import default_table
 from worker.engine.places import Precision, ValidPlaces, all_targets, parse_places
@@ -148,37 +150,56 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                     verification.update(dims=ctx.sample_shapes["dims"], roles=ctx.sample_shapes["roles"],
                                         tried=ctx.sample_shapes["tried"])
 
-        limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
-                            input_bytes)
-        try:
-            saved = save_model(model, output_path, check=check)
-        except VerificationError as exc:
-            if not _falls_back(options, places, exc):
-                raise
+        verify_args = dict(input_shapes=shapes, shape_sets=ctx.sample_shapes["shapes"] if ctx.sample_shapes
+                           else None, runs=options.verify_runs, rtol=rtol, atol=atol,
+                           timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
+
+        def rebuild(run_options: OptimizeOptions, pinned=frozenset()) -> tuple:
+            """The input built again under ``run_options`` (nodes named in ``pinned`` kept in fp32)."""
+            again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
+                               target_opset=options.target_opset)
+            apply_input_shapes(again.graph, options.input_shapes)
+            rebuilt = PassContext(model=again, options=run_options, places=places, kernels=ctx.kernels,
+                                  input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
+            rebuilt.sample_shapes = ctx.sample_shapes
+            again_manager = PassManager()
+            run_steps = steps if run_options is options else get_pipeline(run_options.pipeline).steps_for(run_options)
+            return again, rebuilt, again_manager.run(rebuilt, run_steps), again_manager
+
+        def _with_fp32_nodes(exc: VerificationError) -> tuple:
             if not amp_fits(input_bytes, limits):  # it runs both models whole, every value an output
                 raise VerificationError(f"{exc}. Auto mixed precision runs both models whole, and "
                                         f"{input_bytes >> 20} MiB of weights leave too little of the "
                                         f"verification's {limits.verify_memory_mb} MiB for that; give an fp32 "
                                         f"place instead, or raise --limit verify_memory_mb") from None
-
-            def build(pinned) -> tuple:
-                again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
-                                   target_opset=options.target_opset)
-                apply_input_shapes(again.graph, options.input_shapes)
-                rebuilt = PassContext(model=again, options=options, places=places, kernels=ctx.kernels,
-                                      input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
-                rebuilt.sample_shapes = ctx.sample_shapes
-                again_manager = PassManager()
-                return again, rebuilt, again_manager.run(rebuilt, steps), again_manager
-
-            verify_args = dict(input_shapes=shapes, shape_sets=ctx.sample_shapes["shapes"] if ctx.sample_shapes
-                               else None, runs=options.verify_runs, rtol=rtol, atol=atol,
-                               timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
-            fallback, pinned = fall_back(model, str(exc), reference, directory, build, verify_args)
+            fallback, pinned = fall_back(model, str(exc), reference, directory,
+                                         lambda names: rebuild(options, names), verify_args)
             if pinned is None:
                 raise VerificationError(f"{exc} {fallback['refusal']}") from None
-            model, ctx, trace, manager = pinned
-            ctx.report["precision_fallback"] = fallback
+            pinned[1].report["precision_fallback"] = fallback
+            return pinned
+
+        def _without_rewrites(exc: VerificationError) -> tuple:
+            section, rebuilt = rewrite_fallback(
+                steps, str(exc), reference, directory,
+                lambda names: rebuild(dataclasses.replace(options, disabled_passes=(*options.disabled_passes,
+                                                                                    *names))), verify_args)
+            if rebuilt is None:
+                raise VerificationError(f"{exc} {section['refusal']}") from None
+            rebuilt[1].report["rewrite_fallback"] = section
+            return rebuilt
+
+        limits.check_output(sum(v.nbytes for g in model.graph.all_graphs() for v in g.initializers.values()),
+                            input_bytes)
+        try:
+            saved = save_model(model, output_path, check=check)
+        except VerificationError as exc:
+            if _falls_back(options, places, exc):
+                model, ctx, trace, manager = _with_fp32_nodes(exc)
+            elif _rewrites_fall_back(options, exc, cut) and amp_fits(input_bytes, limits):
+                model, ctx, trace, manager = _without_rewrites(exc)
+            else:
+                raise
             saved = save_model(model, output_path, check=check)
     report: dict[str, Any] = {
         "version": __version__,
@@ -197,6 +218,11 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
         "warnings": manager.warnings(),
     }
     report.update(ctx.report)
+    if report.get("rewrite_fallback"):
+        turned_off = report["rewrite_fallback"]["passes"]
+        report["warnings"].append({"kind": "rewrite_fallback", "passes": turned_off, "message": (
+            f"{', '.join(turned_off)} turned off: with {'it' if len(turned_off) == 1 else 'them'} the output did "
+            f"not verify ({report['rewrite_fallback']['failure']}); --strict fails the run instead")})
     report["seconds"] = round(time.perf_counter() - started, 3)
     report["summary"] = build_summary(report, has_kernel=lambda op, target: _has_kernel(ctx.kernels, op, target))
     return report
@@ -265,6 +291,64 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
         section["nodes"].append({"node": item.node, "op": item.op, "place": place, "growth": _finite(item.growth),
                                  "error": _finite(item.error), "why": amp.describe(item)})
     return section, rebuilt
+
+
+def _rewrites_fall_back(options: OptimizeOptions, exc: VerificationError, cut: bool) -> bool:
+    """The rewrite fallback applies: the models ran and differ, the run may go on without a pass (not
+    --strict), and the reference is the input (a cut model's is not rebuilt)."""
+    return not options.strict and getattr(exc, "mismatch", None) is not None and not cut
+
+
+#: Passes that are not a rewrite a model may go without: typing, placement, memory planning, plugin filters.
+_REQUIRED_PASSES = frozenset({"type_inference", "support_check", "filter_pre", "filter_simplify", "filter_domain",
+                              "filter_post", "cut_subgraph", *PLACE, *MEMORY})
+
+
+def rewrite_fallback(steps, failure: str, reference: Path, directory: Path, build: Callable,
+                     verify_args: dict[str, Any]) -> tuple[dict[str, Any], tuple | None]:
+    """For a model that failed verification with fp32 places (``failure``): the fewest of the passes that
+    rewrote it whose rewrites must go for the output to verify, and the model rebuilt without them, or None
+    (the section's ``refusal`` says why). A rewrite that is exact in real arithmetic can still move a result
+    past the tolerance where the model turns rounding into decisions (Mask R-CNN: folding BatchNorm into the
+    convolutions moves a box by a fraction of a pixel, and a mask's border with it). The search is auto
+    mixed precision's (``amp.search``) over passes instead of nodes: the fusions that change arithmetic
+    first, the eliminations last. As a pass that fails is undone and the run goes on (``--strict`` fails it),
+    so is a pass whose result does not verify."""
+    from worker.engine import amp
+
+    started = time.perf_counter()
+    # every optional pass of the pipeline, not only those that rewrote: without conv_bn_fuse, simplify_inference
+    # and conv_scale_fuse fold the same BatchNorms another way
+    optional = [name for name in pass_names(steps) if name not in _REQUIRED_PASSES]
+    first = [name for name in (*FUSE, *DOMAIN_FUSE, *CHAINS, *REPLACE) if name in optional]
+    order = [amp.Ranked(name, "pass", 0.0, 0.0) for name in dict.fromkeys([*first, *optional])]
+    section: dict[str, Any] = {"failure": failure, "passes": [], "runs": 0}
+    if not order:
+        section["refusal"] = "The pipeline has no rewrite pass to go without."
+        return section, None
+    built: dict[str, tuple] = {}
+    with tempfile.TemporaryDirectory(prefix=".mirserve-rewrites-", dir=directory) as scratch:
+        def trial(names) -> tuple[bool, str]:
+            attempt = build(names)
+            candidate = Path(scratch) / "trial.onnx"
+            save_model(attempt[0], candidate)
+            try:
+                verify(str(reference), str(candidate), **verify_args)
+            except VerificationError as exc:
+                return False, str(exc)
+            finally:
+                candidate.unlink(missing_ok=True)
+            built["last"] = attempt  # the search ends on the last set that verified
+            return True, "verified"
+
+        outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
+    section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
+    if not outcome.passed:
+        section["refusal"] = (f"Without all {len(order)} of its rewrite passes the output still does not verify: "
+                              f"{outcome.steps[-1]['found']}" if outcome.steps else "No rebuild was tried.")
+        return section, None
+    section["passes"] = [item.node for item in outcome.pinned]
+    return section, built["last"]
 
 
 def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> dict:

@@ -82,8 +82,8 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
                      help="with fp16 places, fail when the output does not verify (by default the fewest nodes "
                           "that must compute in fp32 are moved to an fp32 place and it is verified again)")
     cmd.add_argument("--strict", action="store_true",
-                     help="fail the run when a pass fails (by default its edits are undone, the run goes on "
-                          "without it and warns)")
+                     help="fail the run when a pass fails or its result does not verify (by default its "
+                          "edits are undone, the run goes on without it and warns)")
     cmd.add_argument("--verify-runs", type=int, default=1, metavar="N",
                      help="random inputs to check (default: 1)")
     cmd.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4, 1e-2 with fp16)")
