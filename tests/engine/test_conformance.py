@@ -15,7 +15,7 @@ REGRESSIONS = {
     "test_reduce_log_sum_exp_empty_set_expanded": ["folded"],
     "test_reduce_sum_square_empty_set_expanded": ["folded"],
     # fold_scale_axis divided by an all-zero scale while checking for it
-    "test_affine_grid_2d_align_corners_expanded": ["folded"],
+    "test_affine_grid_2d_align_corners_expanded": ["folded", "default"],
     # an If body read an outer value converted to fp16 without a calib back
     "test_affine_grid_3d_align_corners_expanded": ["arm_fp16", "opencl_fp16"],
     # io_copy inserted for sequences, which no io_copy takes
@@ -34,6 +34,8 @@ REGRESSIONS = {
     "test_flexattention_score_mod_expanded_ver26": ["default", "portable", "arm_fp16", "opencl_fp16", "cuda"],
     # the host table let Attention's V be fp16 beside fp32 Q and K, which onnxruntime has no kernel for
     "test_flexattention_gqa_expanded_ver26": ["arm_fp16", "opencl_fp16"],
+    # a second type inference named a width unk__2 like the first run's batch: onnxruntime took them for equal
+    "test_affine_grid_2d_expanded": ["default", "cuda"],
 }
 
 

@@ -203,12 +203,40 @@ def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     types: dict[str, onnx.TypeProto] = {}
     _collect_types(inferred.graph, types)
+    fresh = _fresh_symbols(model.graph)
     for graph in model.graph.all_graphs():
         for value in graph.values():
             found = types.get(value.name)
             if found is not None and not value.is_initializer and not value.is_graph_input:
-                _merge(value, *type_from_proto(found))
+                dtype, shape, other = type_from_proto(found)
+                _merge(value, dtype, None if shape is None else tuple(fresh(d) for d in shape), other)
     return None
+
+
+def _fresh_symbols(graph: Graph):
+    """Renames for the dims onnx makes up in one inference run (``unk__0``, ``unk__1``, ... each run afresh):
+    a name a value already holds from an earlier run would say two different dims are one (the batch of one
+    run and a width of the next, both ``unk__2``), which onnxruntime takes for equal sizes. Within a run the
+    same made-up name stays one name."""
+    taken = {d for g in graph.all_graphs() for v in g.values() if v.shape for d in v.shape
+             if isinstance(d, str) and d.startswith(MADE_UP)}
+    numbers = [int(d[len(MADE_UP):]) for d in taken if d[len(MADE_UP):].isdigit()]
+    counter = [max(numbers, default=-1) + 1]
+    renamed: dict[str, str] = {}
+
+    def fresh(dim: Dim) -> Dim:
+        if not isinstance(dim, str) or not dim.startswith(MADE_UP) or dim not in taken:
+            return dim
+        if dim not in renamed:
+            renamed[dim] = f"{MADE_UP}{counter[0]}"
+            counter[0] += 1
+        return renamed[dim]
+
+    return fresh
+
+
+#: How onnx's shape inference names a dim it makes up.
+MADE_UP = "unk__"
 
 
 #: Ops whose output has their first input's shape by their definition, where onnx's inference (through the
