@@ -87,3 +87,22 @@ def test_the_report_and_the_summary_say_which_values_ran(tmp_path):
     assert verification["values"] == {"sr": [8000, 16000, None]}
     assert describe(verification["values"]) == "sr 8000 / 16000 / drawn"
     assert report["summary"]["verification"]["values"] == {"sr": [8000, 16000, None]}
+
+
+def test_a_constant_the_input_cannot_hold_is_not_one_of_its_values(tmp_path):
+    """A uint8 input cast to float and compared with 16000.0 and 7.0: no uint8 is 16000 (np.full would overflow)."""
+    path = model(tmp_path, '''
+        g (float[1, 8] x, uint8 level) => (float[1, 8] y) {
+            f = Cast <to = 1> (level)
+            k = Constant <value = float {16000}> ()
+            k2 = Constant <value = float {7}> ()
+            high = Equal (f, k)
+            seven = Equal (f, k2)
+            both = Or (high, seven)
+            y = If (both) <
+                then_branch = t () => (float[1, 8] a) { a = Relu (x) },
+                else_branch = e () => (float[1, 8] b) { b = Neg (x) }
+            >
+        }''')
+    assert steering_values(load_model(path).graph) == {"level": [7, None]}
+    assert optimize(path, tmp_path / "out.onnx", OptimizeOptions())["verification"]["passed"] is True

@@ -19,7 +19,7 @@ Verification then runs once per value (the largest number of values any input ha
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 #: Ops whose output holds their first input's value (its type or shape aside).
 PASS_THROUGH = frozenset({"Cast", "CastLike", "Identity", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Expand"})
@@ -44,7 +44,8 @@ def steering_values(graph) -> dict[str, list]:
             if _decides(value):
                 found[value.name] = [True, False]
         elif value.dtype in INTEGERS:
-            compared = _compared_with(value)
+            limits = np.iinfo(helper.tensor_dtype_to_np_dtype(value.dtype))
+            compared = [c for c in _compared_with(value) if limits.min <= c <= limits.max]  # values it can hold
             if compared:
                 found[value.name] = [*compared[:MAX_VALUES - 1], None]
     return found
