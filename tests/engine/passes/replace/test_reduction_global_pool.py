@@ -54,12 +54,17 @@ def test_three_d_spatial(tmp_path):
 
 @pytest.mark.parametrize("opset", [11, 18])
 @pytest.mark.parametrize("x_shape", [(1, 3, 5, 4), (2, 6, 1, 7)])
-def test_keepdims_zero_pools_then_flattens_where_pooling_has_the_better_place(tmp_path, opset, x_shape):
+def test_keepdims_zero_pools_then_flattens_only_where_the_flatten_keeps_a_listed_place(tmp_path, opset, x_shape):
     """ReduceMean(keepdims=0) over the spatial dims is global pooling whose 1x1 dims a Flatten drops (ncnn's
-    global pooling writes the flat [N, C] itself), made only where pooling gets a better place (ARM pools in
-    fp16 NHWC, reduces in fp32 NCHW only); the harness compares the outputs on random inputs."""
+    global pooling writes the flat [N, C] itself), made only where pooling gets a better place and the Flatten
+    no worse one than the reduction's. ARM pools in fp16 NHWC and reduces in fp32 NCHW only, but runs views
+    on Paddle-Lite's host kernels: the Flatten would be one more host node (mnasnet0_5 and efficientformerv2
+    had one more at level 2 than at level 1), so the reduction stays; the harness compares the outputs."""
     axes = list(range(2, len(x_shape)))
     out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS], places=ARM)
+    assert out.ops == ["ReduceMean"] and out.refused("would run on host/")
+    with_flatten = "arm/fp16/nhwc,x86/fp32/nchw"  # a listed x86 runs the Flatten: pooling on ARM is worth it
+    out = optimize(tmp_path, model([("ReduceMean", axes, 0)], opset, x_shape=x_shape), [PASS], places=with_flatten)
     assert out.ops == ["GlobalAveragePool", "Flatten"]
     flatten = out.node("Flatten")
     assert flatten.attr("axis") == 1 and flatten.output().shape == tuple(x_shape[:2])
@@ -73,7 +78,7 @@ def test_keepdims_zero_pools_then_flattens_where_pooling_has_the_better_place(tm
 def test_the_rewrite_and_its_inverse_settle_on_one_form(tmp_path, places, source):
     """eliminate_flatten_after_global_pooling turns pooling + Flatten back into the reduction: each refuses
     where the other applies, so in one fixed point they settle (they once undid each other until the group's
-    cap, renaming the node each time), on the form whose first node has the better place."""
+    cap, renaming the node each time), on the form whose first node has the better place, or as it was."""
     if source == "reduction":
         proto = model([("ReduceMean", [2, 3], 0)], 13, x_shape=(1, 8, 6, 6))
     else:
@@ -84,7 +89,8 @@ def test_the_rewrite_and_its_inverse_settle_on_one_form(tmp_path, places, source
     out = optimize(tmp_path, proto, [group], places=places)
     [fixed_point] = [e for e in out.trace if e["kind"] == "fixed_point"]
     assert fixed_point["converged"] and fixed_point["iterations"] <= 2, fixed_point
-    assert out.ops == (["GlobalAveragePool", "Flatten"] if places == ARM else ["ReduceMean"])
+    # ARM keeps the form it was given: the pooling has the better place, the reduction the Flatten's
+    assert out.ops == (["GlobalAveragePool", "Flatten"] if places == ARM and source == "pooling" else ["ReduceMean"])
 
 
 def test_keepdims_zero_between_two_reductions_and_partial_axes_are_refused(tmp_path):

@@ -8,7 +8,8 @@ replace_reduction_with_global_pooling).
 
 Any rank >= 3 works (the spatial dims are 2..rank-1); axes come from the attribute or, from opset 18 (13 for
 ReduceSum, not used here), from the constant input. keepdims=0 drops the pooled 1x1 dims with a Flatten (ncnn's
-global pooling writes a flat blob, the same [N, C]); a view, so only the pooling's place is checked. This form
+global pooling writes a flat blob, the same [N, C]); a view, checked only not to land on the host where the
+reduction had a listed place (ARM runs views on Paddle-Lite's host kernels: one more host node). This form
 is eliminate_flatten_after_global_pooling's input, so it is made only where pooling gets a strictly better
 place than the reduction (placement_gain; that pass refuses exactly there), else the two would undo each other
 until their fixed point gave up. It matters on places whose tables give pooling an NHWC or fp16 kernel and the
@@ -22,7 +23,9 @@ from __future__ import annotations
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.support.operands import axes_of
-from worker.engine.passes.support.placement import constant_facts, placement_gain, placement_refusal, planned_facts
+from worker.engine.passes.support.placement import (best_place, constant_facts, node_facts, node_opset,
+                                                   placement_gain, placement_refusal, planned_facts)
+from worker.engine.places import HOST
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
@@ -75,8 +78,22 @@ class _ReduceRule(Rule):
         pooled = constant_facts(x.dtype, pooled_shape(x), constant=False) if drops_dims(first) else match.value("out")
         facts = planned_facts(GLOBAL[self.op], "", ctx.opset(""), [x], [pooled], {}, first.name)
         if drops_dims(first):  # the inverse of eliminate_flatten_after_global_pooling: only for a better place
-            return placement_gain(ctx, facts, match.nodes) or True
+            return placement_gain(ctx, facts, match.nodes) or self._flatten_refusal(ctx, match, x, first) or True
         return placement_refusal(ctx, facts, match.nodes) or True
+
+    @staticmethod
+    def _flatten_refusal(ctx: PassContext, match: Match, x, first: Node) -> str | None:
+        """The Flatten the keepdims=0 form adds must not be a host node where the reduction had a listed place
+        (ARM runs views on Paddle-Lite's host kernels): the pooling's better place would cost one."""
+        pooled = constant_facts(x.dtype, pooled_shape(x), constant=False)
+        flatten = best_place(ctx, planned_facts("Flatten", "", ctx.opset(""), [pooled], [match.value("out")],
+                                                {"axis": 1}, f"{first.name}_flatten"))
+        reduction = best_place(ctx, node_facts(first, node_opset(ctx.opset, first)))
+        if flatten is not None and flatten[1].startswith(f"{HOST.name}/") and reduction is not None \
+                and not reduction[1].startswith(f"{HOST.name}/"):
+            return (f"the Flatten that drops {describe(first)}'s pooled dims would run on {flatten[1]}, where "
+                    f"the reduction runs on {reduction[1]}")
+        return None
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> Node | list[Node]:
         last, x, out, graph = self.reductions(match)[-1], match.value("x"), match.value("out"), match.graph
