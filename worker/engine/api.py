@@ -13,7 +13,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from worker import __version__
 from worker.engine.children import die_with_parent
@@ -243,7 +243,6 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
 
     started = time.perf_counter()
     section: dict[str, Any] = {"failure": failure, "nodes": [], "runs": 0, "ranked": 0}
-    built: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory(prefix=".mirserve-amp-", dir=directory) as scratch:
         first = Path(scratch) / "fp16.onnx"
         save_model(model, first)
@@ -260,28 +259,13 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
             section["refusal"] = "No node computes in fp16, so auto mixed precision has nothing to move to fp32."
             return section, None
 
-        def trial(names) -> tuple[bool, str]:
-            attempt = build(names)
-            candidate = Path(scratch) / "trial.onnx"
-            save_model(attempt[0], candidate)
-            try:
-                verify(str(reference), str(candidate), **verify_args)
-            except VerificationError as exc:
-                return False, str(exc)
-            finally:
-                candidate.unlink(missing_ok=True)
-            built["last"] = attempt  # the search ends on the last set that verified
-            return True, "verified"
-
-        # as long as verification may take, spread over the steps (the set that verified last is kept)
-        outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
+        outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
     section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
     if not outcome.passed:
         section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "
                               f"places, and the output still does not verify: {outcome.steps[-1]['found']}"
                               if outcome.steps else "Auto mixed precision found nothing to try.")
         return section, None
-    rebuilt = built["last"]
     from worker.engine.passes.place.type_layout_cast import picked_name
 
     nodes = {picked_name(n): n for n in rebuilt[0].graph}
@@ -326,29 +310,41 @@ def rewrite_fallback(steps, failure: str, reference: Path, directory: Path, buil
     if not order:
         section["refusal"] = "The pipeline has no rewrite pass to go without."
         return section, None
-    built: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory(prefix=".mirserve-rewrites-", dir=directory) as scratch:
-        def trial(names) -> tuple[bool, str]:
-            attempt = build(names)
-            candidate = Path(scratch) / "trial.onnx"
-            save_model(attempt[0], candidate)
-            try:
-                verify(str(reference), str(candidate), **verify_args)
-            except VerificationError as exc:
-                return False, str(exc)
-            finally:
-                candidate.unlink(missing_ok=True)
-            built["last"] = attempt  # the search ends on the last set that verified
-            return True, "verified"
-
-        outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
+        outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
     section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
     if not outcome.passed:
         section["refusal"] = (f"Without all {len(order)} of its rewrite passes the output still does not verify: "
                               f"{outcome.steps[-1]['found']}" if outcome.steps else "No rebuild was tried.")
         return section, None
     section["passes"] = [item.node for item in outcome.pinned]
-    return section, built["last"]
+    return section, rebuilt
+
+
+def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
+                    verify_args: dict[str, Any]) -> tuple[Any, tuple | None]:
+    """``amp.search`` over ``order`` where a step builds the model with the chosen items (``build(names)``:
+    nodes kept in fp32, passes turned off) and verifies it against ``reference``; the outcome and the last
+    build that verified (the search ends on it). As long as verification may take, spread over the steps."""
+    from worker.engine import amp
+
+    built: dict[str, tuple] = {}
+
+    def trial(names) -> tuple[bool, str]:
+        attempt = build(names)
+        candidate = scratch / "trial.onnx"
+        save_model(attempt[0], candidate)
+        try:
+            verify(str(reference), str(candidate), **verify_args)
+        except VerificationError as exc:
+            return False, str(exc)
+        finally:
+            candidate.unlink(missing_ok=True)
+        built["last"] = attempt
+        return True, "verified"
+
+    outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
+    return outcome, built.get("last")
 
 
 def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> dict:
