@@ -106,3 +106,24 @@ def test_a_constant_the_input_cannot_hold_is_not_one_of_its_values(tmp_path):
         }''')
     assert steering_values(load_model(path).graph) == {"level": [7, None]}
     assert optimize(path, tmp_path / "out.onnx", OptimizeOptions())["verification"]["passed"] is True
+
+
+def test_the_shapes_are_chosen_with_the_steering_values(tmp_path):
+    """A VAD whose other branch runs on no window verification tries: the shapes are chosen on the branch the
+    steering value takes (a draw of sr took the other branch and every shape failed)."""
+    from worker.engine.numeric import choose_shapes
+
+    path = model(tmp_path, '''
+        g (float[1, T] audio, int64 sr) => (float[A, B] y) <int64[2] sevens = {7, -1}> {
+            k = Constant <value = int64 {16000}> ()
+            is16 = Equal (sr, k)
+            y = If (is16) <
+                then_branch = t () => (float[A1, B1] a) { a = Identity (audio) },
+                else_branch = e () => (float[A2, B2] b) { b = Reshape (audio, sevens) }
+            >
+        }''')
+    values = steering_values(load_model(path).graph)
+    assert values == {"sr": [16000, None]}
+    assert choose_shapes(str(path), values=values)["shapes"] == [{"audio": [1, 512], "sr": []}]
+    with pytest.raises(VerificationError, match="runs on none of the input shapes tried"):
+        choose_shapes(str(path))

@@ -296,7 +296,7 @@ def _session(path):
 
 
 def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them: bool = True,
-            values: Values | None = None) -> dict:
+            steering: Values | None = None) -> dict:
     """The first level of values for the open dims on which the model runs, and batch 2 when it has one;
     an error naming every attempt when none runs. Without open dims, the given and declared shapes."""
     import numpy as np
@@ -319,13 +319,13 @@ def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them:
         shapes = sample.shapes(specs, given, values)
         if tried and sample.describe_shapes(shapes) in (t.split(": ", 1)[0] for t in tried):
             continue  # the same shapes as a level before (no dim of a role whose value changes)
-        error = _runs(session, shapes, np.random.default_rng(seed), values) if try_them else None
+        error = _runs(session, shapes, np.random.default_rng(seed), steering) if try_them else None
         if error is None:
             found = [shapes]
             second = sample.assignment(dims, level, batch=sample.SECOND_BATCH)
             if any(d.role == "batch" for d in dims):
                 more = sample.shapes(specs, given, second)
-                more_error = _runs(session, more, np.random.default_rng(seed), values) if try_them else None
+                more_error = _runs(session, more, np.random.default_rng(seed), steering) if try_them else None
                 if more_error is None:
                     found.append(more)
                 else:
@@ -456,7 +456,7 @@ def _child_choose(request: dict) -> dict:
         return {**_first_choice(request["reference"], request["given"]), "skipped": runtime_message(exc)}
     if _ungenerated(reference):  # verification will say so; nothing to choose
         return {"shapes": None, "dims": {}, "roles": {}, "tried": [], "checked": False}
-    return _choose(reference, request["given"], request["seed"], values=request.get("values"))
+    return _choose(reference, request["given"], request["seed"], steering=request.get("values"))
 
 
 def _every_value_session(path: str, fp16_stored: bool = False):
@@ -570,7 +570,7 @@ def _child_verify(request: dict) -> dict:
     values = request.get("values") or {}
     runs = max(request["runs"], runs_for(values))
     if shape_sets is None:
-        choice = _choose(reference, request["given"], request["seed"], values=values)
+        choice = _choose(reference, request["given"], request["seed"], steering=values)
         if choice.get("error"):
             return choice
         shape_sets = choice["shapes"]
@@ -619,7 +619,7 @@ def _verify_regions(reference, candidate, request: dict) -> dict:
     shape_sets = request.get("shape_sets")
     if shape_sets is None:
         choice = _choose(reference, request["given"], request["seed"], try_them=False,
-                         values=request.get("values"))
+                         steering=request.get("values"))
         if choice.get("error"):
             return {"passed": None, "refused": choice["error"]}
         shape_sets = choice["shapes"]
