@@ -96,9 +96,9 @@ def test_a_terminal_gets_a_progress_bar_per_pass(paced_server, tmp_path):
         if not chunk:
             break
         seen += chunk
-    assert child.wait(60) == 0
     os.close(leader)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    assert child.wait(60) == 0, text[-2000:] + paced_server.log()
     passes = set(re.findall(r"[0-9a-f]{8} (\w+) .*?(\d+)/(\d+)", text))
     assert len({p for p, _, _ in passes}) >= 3, text[-2000:]  # several passes were shown as they ran
     assert all(int(i) <= int(n) for _, i, n in passes)
