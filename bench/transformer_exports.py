@@ -265,26 +265,35 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(MODELS))
         return 0
-    import onnx
-
     failed = False
     for name in args.only or MODELS:
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"
-            started = time.perf_counter()
-            try:
-                if args.force or not path.exists():
-                    export(name, exporter, path, SIZES[args.size])
-                model = onnx.load(str(path))
-                opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-                print(f"{path.name}: {len(model.graph.node)} nodes, opset {opset}, "
-                      f"{time.perf_counter() - started:.1f} s", flush=True)
-            except Exception as error:  # one failed export must not hide the others
-                failed = True
-                path.unlink(missing_ok=True)
-                message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
-                print(f"{path.name}: FAILED ({type(error).__name__}: {message})", flush=True)
+            failed |= not export_and_report(path, lambda: export(name, exporter, path, SIZES[args.size]),
+                                            args.force)
     return 1 if failed else 0
+
+
+def export_and_report(path: Path, export_it, force: bool) -> bool:
+    """Run ``export_it()`` unless ``path`` exists (or ``force``), then print the file's node count and opset,
+    or why the export failed (the file removed: one failed export must not hide the others). True if it
+    succeeded. Shared by the export scripts of bench/."""
+    import onnx
+
+    started = time.perf_counter()
+    try:
+        if force or not path.exists():
+            export_it()
+        model = onnx.load(str(path))
+        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        print(f"{path.name}: {len(model.graph.node)} nodes, opset {opset}, {time.perf_counter() - started:.1f} s",
+              flush=True)
+        return True
+    except Exception as error:  # one failed export must not hide the others
+        path.unlink(missing_ok=True)
+        message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        print(f"{path.name}: FAILED ({type(error).__name__}: {message})", flush=True)
+        return False
 
 
 if __name__ == "__main__":

@@ -180,25 +180,14 @@ def export(name: str, exporter: str, path: Path) -> None:
 
 
 def export_all(names, exporters, out: Path, force: bool) -> int:
-    import onnx
+    sys.path.insert(0, str(REPO / "bench"))
+    from transformer_exports import export_and_report
 
     failed = False
     for name in names:
         for exporter in exporters:
             path = out / f"{name}.{exporter}.onnx"
-            started = time.perf_counter()
-            try:
-                if force or not path.exists():
-                    export(name, exporter, path)
-                model = onnx.load(str(path))
-                opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-                print(f"{path.name}: {len(model.graph.node)} nodes, opset {opset}, "
-                      f"{time.perf_counter() - started:.1f} s", flush=True)
-            except Exception as error:  # one failed export must not hide the others
-                failed = True
-                path.unlink(missing_ok=True)
-                message = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
-                print(f"{path.name}: FAILED ({type(error).__name__}: {message})", flush=True)
+            failed |= not export_and_report(path, lambda: export(name, exporter, path), force)
     return 1 if failed else 0
 
 
