@@ -85,7 +85,8 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
                      help="fail the run when a pass fails or its result does not verify (by default its "
                           "edits are undone, the run goes on without it and warns)")
     cmd.add_argument("--verify-runs", type=int, default=1, metavar="N",
-                     help="random inputs to check (default: 1)")
+                     help="random inputs to check (default: 1; at least one per value of an input that steers "
+                          "the model, such as a sample rate it compares with 16000)")
     cmd.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4, 1e-2 with fp16)")
     cmd.add_argument("--atol", type=float, help="absolute tolerance (default 1e-5, 1e-3 with fp16)")
     cmd.add_argument("--dim-bound", action="append", default=[], metavar="NAME=N",
