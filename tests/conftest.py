@@ -196,14 +196,10 @@ def _cheap_key_hashing(monkeypatch):
 
 
 def run_onnxruntime(path, feeds: dict) -> list[np.ndarray]:
-    """Run a model on onnxruntime's CPU provider with graph optimizations off."""
-    import onnxruntime as ort
+    """Run a model on onnxruntime's CPU provider with graph optimizations off, as the engine does."""
+    from worker.engine.runtime import cpu_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
+    return cpu_session(str(path)).run(None, feeds)
 
 
 def random_feeds(path, shapes: dict | None = None, seed: int = 0) -> dict:

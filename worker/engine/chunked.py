@@ -24,6 +24,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from onnx import AttributeProto, helper
 
+from worker.engine.runtime import cpu_session, session_options
+
 #: Default weight bytes per piece.
 DEFAULT_BUDGET = 256 << 20
 
@@ -135,16 +137,11 @@ class ChunkedSession:
         return outputs
 
     def _session(self, piece: "_Piece", env: Mapping[str, Any]):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False  # an arena would keep each piece's buffers after it is dropped
         proto = self._piece_model(piece, env)
         data = proto.SerializeToString()
         del proto
-        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        # no arena: it would keep each piece's buffers after the piece is dropped
+        return cpu_session(data, session_options(arena=False))
 
     # --- cutting -------------------------------------------------------------------------------------
     def _protos(self) -> tuple[list, list, Any]:

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 
 from worker.engine.ir import Node
+from worker.engine.runtime import cpu_session, session_options
 
 #: Ops whose result is not a function of their inputs: never evaluated.
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -130,15 +131,7 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 def _run_on_onnxruntime(model, feeds: dict) -> list[np.ndarray] | None:
     """All outputs of ``model`` on onnxruntime's CPU provider, unoptimized; None when it refuses."""
     try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover - onnxruntime is a core dependency
-        return None
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(model.SerializeToString(), session_options(threads=1, log_severity=4))
         return [np.asarray(o) for o in session.run(None, feeds)]
     except Exception:  # onnxruntime lacks a kernel or rejects the inputs
         return None

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from worker.engine import forkserver
 from worker.engine.errors import VerificationError
+from worker.engine.runtime import cpu_session, session_options
 from worker.engine.sample_values import runs_for
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
@@ -282,17 +283,12 @@ def _names_fp16(model) -> bool:
 
 
 def _session(path):
-    import onnxruntime as ort
-
     if _CHUNK_BYTES:
         from worker.engine.chunked import ChunkedSession
 
         return ChunkedSession(path, _CHUNK_BYTES)
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return cpu_session(path)
 
 
 def _choose(session, given: Mapping[str, Sequence[int]], seed: int, *, try_them: bool = True,
@@ -426,17 +422,15 @@ def warm_up() -> None:
     session makes. That session has no thread pool (one intra-op and one inter-op thread: the calling one),
     so the server stays safe to fork; it is dropped at once and never runs."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     _compare("warm-up", np.zeros(2, np.float32), np.ones(2, np.float32), DEFAULT_RTOL, DEFAULT_ATOL, 0)
     x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y"))
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warm_up", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    options = session_options(threads=1)
+    options.inter_op_num_threads = 1
+    cpu_session(model.SerializeToString(), options)
 
 
 def _child(request: dict) -> dict:
