@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache  # each test reads every module of a package: parse each once
 def imports_of(path: Path) -> list[Imported]:
     return imports_in(path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py")
 

@@ -14,7 +14,9 @@ from tests.conftest import make_model, save_proto, tensor, vinfo
 from tests.engine.passes.place.helpers import _chain as chain
 from tests.engine.passes.place.helpers import casts, check_annotations, check_edges, check_shared_casts, place_model
 from tests.engine.passes.place.test_corpus import assert_same_outputs
-from worker.engine.ir import save_model
+from worker.engine.api import optimize
+from worker.engine.ir import load_model, save_model
+from worker.engine.options import OptimizeOptions
 from worker.engine.passes.support.casts import cast_kind
 from worker.engine.places import Precision
 
@@ -422,3 +424,28 @@ def test_fp16_storage_converts_a_weight_only_a_body_reads_before_the_node_holdin
     assert ctx.graph.initializers["w_fp16"].dtype == TensorProto.FLOAT16
     (calib,) = casts(ctx.graph)
     assert calib.graph is ctx.graph and [u.node.op_type for u in calib.output().uses] == ["FusedConvRelu"]
+
+
+@pytest.mark.parametrize("places", ["arm/fp16/nhwc,arm/fp32/nchw", "opencl/fp16/nchw,arm/fp32/nchw"])
+def test_a_mask_constant_beyond_fp16s_range_keeps_its_node_in_fp32_behind_a_calib(tmp_path, places):
+    """An attention mask as transformers exports write it: Where(mask, finfo(float32).min, scores). The scores
+    come in fp16; Where takes any precision and followed them into fp16, where the constant cannot be held:
+    every kernel was refused and the run failed ("no kernel found"). It computes in fp32 after a calib."""
+    source = tmp_path / "in.onnx"
+    onnx.save(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,8,64,64] x, bool[1,1,64,64] mask) => (float[1,8,64,64] z) {
+            big = Constant <value = float {-3.4028235e+38}> ()
+            y = MatMul (x, x)
+            w = Where (mask, big, y)
+            z = Softmax <axis = -1> (w)
+        }"""), str(source))
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=places))
+    assert report["verification"]["passed"] is True
+    written = load_model(tmp_path / "out.onnx")
+    [where] = [n for n in written.graph if n.op_type == "Where"]
+    assert where.metadata["mirserve.place"].split("/")[1] == "fp32"
+    assert where.input(1).dtype == TensorProto.FLOAT and float(where.input(1).constant_value()) < -3e38
+    [matmul] = [n for n in written.graph if n.op_type == "MatMul"]
+    assert matmul.metadata["mirserve.place"].split("/")[1] == "fp16"  # the scores, computed in fp16,
+    assert cast_kind(where.input(2).producer) == "calib"              # are converted, not the constant

@@ -99,8 +99,9 @@ def ranked_for(table: KernelTable, node: Node, facts: NodeFacts, places: ValidPl
             reasons.append(reason)
         else:
             kept.append(candidate)
-    if not kept and any(c.scored.resolved.precision is Precision.FP16 for c in found) \
-            and qdq.in_quantized_region(node):
+    if not kept and any(c.scored.resolved.precision is Precision.FP16 for c in found):
+        # every kernel followed the node's fp16 inputs into fp16, where it may not compute (a constant beyond
+        # fp16's range, as an attention mask's finfo(float32).min; int8-quantized data): in fp32 after a calib
         kept = _in_fp32(table, node, facts, places, portable, fits)
     stuck = _unmovable(table, node, opset)
     if stuck is not None:  # such a value could not get to or from a device's memory
@@ -153,7 +154,8 @@ def _as_the_body_takes(node: Node, facts):
 def _in_fp32(table: KernelTable, node: Node, facts, places: ValidPlaces, portable: bool,
              fits: dict) -> list[Candidate]:
     """The candidates again with the node's fp16 inputs taken in fp32 (a calib converts them): a kernel of
-    any precision follows its inputs into fp16, which a node next to int8-quantized data may not compute in."""
+    any precision follows its inputs into fp16, which a node may not compute in (next to int8-quantized data,
+    or reading a constant beyond fp16's range)."""
     as_fp32 = dataclasses.replace(facts, inputs=tuple(
         dataclasses.replace(v, precision=Precision.FP32) if v is not None and v.precision is Precision.FP16
         else v for v in facts.inputs))
