@@ -7,7 +7,8 @@
     y * Clip(y + 3, 0, 6) / 6 -> HardSwish      (the division also as * 1/6, before or after the product)
     y * 0.5 * (1 + Erf(y / sqrt(2))) -> Gelu    (the product in any order, / sqrt(2) also as * 1/sqrt(2),
                                                  (y * u) * 0.5 also as (y * u) / 2)
-    y * 0.5 * (1 + Tanh(sqrt(2 / pi) * (y + 0.044715 * y ^ 3))) -> GeluTanh   (Gelu, approximate="tanh")
+    y * 0.5 * (1 + Tanh(sqrt(2 / pi) * (y + 0.044715 * y ^ 3))) -> GeluTanh   (Gelu, approximate="tanh";
+                                                 y ^ 3 as Pow(y, 3) or y * (y * y))
 
 gelu_fuse and hard_swish_fuse turn the decomposed forms into the standard op; the mirserve activation
 fusions fold any form into the op before it. A form is a fragment appended to a rule's pattern at the value
@@ -223,10 +224,16 @@ def _gelu_erf(shrink: str, tail: str) -> Callable[[Pattern, VarPattern], VarPatt
     return append
 
 
-def _gelu_tanh(tail: str) -> Callable[[Pattern, VarPattern], VarPattern]:
+#: How exporters write y ^ 3: Pow(y, 3) (torch's tanh-approximate gelu), or y * (y * y) (Gemma's and
+#: GPT-J's written-out gelu_new, in either order).
+GELU_CUBES = ("pow", "mul")
+
+
+def _gelu_tanh(cube: str, tail: str) -> Callable[[Pattern, VarPattern], VarPattern]:
     def append(p: Pattern, y: VarPattern) -> VarPattern:
-        cubed = p.Mul(p.Pow(y, p.var("cube").const(), key="pow"), p.var("cubic").const(), key="mul_cubic",
-                      commutative=True)
+        power = p.Pow(y, p.var("cube").const(), key="pow") if cube == "pow" else \
+            p.Mul(y, p.Mul(y, y, key="square"), key="pow", commutative=True)
+        cubed = p.Mul(power, p.var("cubic").const(), key="mul_cubic", commutative=True)
         inner = p.Mul(p.Add(y, cubed, key="add_x", commutative=True), p.var("sqrt_2_pi").const(),
                       key="scale_in", commutative=True)
         a = p.Add(p.Tanh(inner, key="nonlinear"), p.var("one").const(), key="one_plus", commutative=True)
@@ -240,7 +247,9 @@ def _read_gelu_chain(kind: str) -> Callable[[Match, int], Params | str]:
         if kind == "Gelu":
             expected["root"] = math.sqrt(2) if match.node("shrink").op_type == "Div" else 1 / math.sqrt(2)
         else:
-            expected.update(cube=3.0, cubic=0.044715, sqrt_2_pi=math.sqrt(2 / math.pi))
+            expected.update(cubic=0.044715, sqrt_2_pi=math.sqrt(2 / math.pi))
+            if match.node("pow").op_type == "Pow":
+                expected["cube"] = 3.0
         return _unexpected(match, expected, "nonlinear", "Gelu") or {}
     return read
 
@@ -253,7 +262,8 @@ def _snake(op_type: str) -> str:
 FORMS: tuple[Form, ...] = (
     *(Form(f"gelu_erf_{shrink.lower()}_{tail}", "Gelu", _gelu_erf(shrink, tail), _read_gelu_chain("Gelu"))
       for shrink in ("Div", "Mul") for tail in GELU_TAILS),
-    *(Form(f"gelu_tanh_{tail}", "GeluTanh", _gelu_tanh(tail), _read_gelu_chain("GeluTanh")) for tail in GELU_TAILS),
+    *(Form(f"gelu_tanh_{cube}_{tail}", "GeluTanh", _gelu_tanh(cube, tail), _read_gelu_chain("GeluTanh"))
+      for cube in GELU_CUBES for tail in GELU_TAILS),
     *(Form(f"hard_swish_clip_{order}", "HardSwish", _hard_swish_by_clip(order), _read_hard_swish_by_clip)
       for order in ("product_div", "product_mul", "clip_div", "clip_mul")),
     Form("hard_swish_hard_sigmoid", "HardSwish", _hard_swish_by_hard_sigmoid, _read_hard_swish_by_hard_sigmoid),
