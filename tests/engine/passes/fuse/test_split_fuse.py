@@ -127,3 +127,54 @@ def test_no_split_without_keepdims_is_refused(tmp_path):
 def test_a_sequence_read_otherwise_is_refused(tmp_path):
     out = optimize(tmp_path, sequence_split([0, 1], split=[6, 6], reader="SequenceLength"), [PASS], valid=False)
     assert out.ops[0] == "SplitToSequence" and out.refused("not only by SequenceAt at constant positions")
+
+
+def unbound(*, perm=(3, 1, 2, 0, 4), index_shape=(), extra_reader=False, length=4, batch=2, embed=8):
+    """torch's nn.MultiheadAttention unbinding its packed in-projection (``_in_projection_packed``):
+    p:[L, N, 3E] -> Reshape [L, N, 3, E] -> Unsqueeze 0 -> Transpose(0, -2) -> Squeeze -2 -> Gather 0, 1, 2,
+    each part read by a MatMul as q, k and v are."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Reshape", ["p", "shape"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "zero"], ["u"]),
+             helper.make_node("Transpose", ["u"], ["t"], perm=list(perm)),
+             helper.make_node("Squeeze", ["t", "squeezed"], ["s"])]
+    inits = [tensor("w", np.random.default_rng(1).standard_normal((embed, 3 * embed)).astype(np.float32)),
+             tensor("shape", np.array([length, batch, 3, embed], np.int64)), tensor("zero", np.array([0], np.int64)),
+             tensor("squeezed", np.array([3], np.int64)), tensor("v", np.ones((embed, embed), np.float32))]
+    outputs = []
+    for i in range(3):
+        inits.append(tensor(f"i{i}", np.array(i, np.int64).reshape(index_shape)))
+        nodes += [helper.make_node("Gather", ["s", f"i{i}"], [f"g{i}"], axis=0),
+                  helper.make_node("MatMul", [f"g{i}", "v"], [f"y{i}"])]
+        outputs.append(f"y{i}")
+    if extra_reader:
+        nodes.append(helper.make_node("Relu", ["s"], ["also"]))
+        outputs.append("also")
+    return inferred_model(nodes, [vinfo("x", shape=[length, batch, embed])], outputs, inits)
+
+
+def test_an_unbound_packed_projection_becomes_one_split_of_the_projection(tmp_path):
+    out = optimize(tmp_path, unbound(), [PASS])
+    assert out.ops == ["MatMul", "Split", "MatMul", "MatMul", "MatMul"]
+    split = out.node("Split")
+    assert split.input(0).name == "p" and split.attr("axis") == 2
+    assert list(split.input(1).constant_value()) == [8, 8, 8]
+    assert [v.name for v in split.outputs] == ["g0", "g1", "g2"]
+
+
+def test_parts_that_keep_a_unit_dim_get_a_reshape(tmp_path):
+    """Gather with a one-element index keeps the axis: each part of the Split is reshaped to [1, L, N, E]."""
+    out = optimize(tmp_path, unbound(index_shape=(1,)), [PASS])
+    assert out.ops.count("Split") == 1 and out.ops.count("Reshape") == 3 and "Gather" not in out.ops
+
+
+def test_a_view_that_moves_elements_within_a_part_is_refused(tmp_path):
+    """Transpose swapping L and N: each part is [N, L, E] of a [L, N, E] block, not a block in its order."""
+    out = optimize(tmp_path, unbound(perm=(3, 2, 1, 0, 4)), [PASS])
+    assert "Split" not in out.ops and out.ops.count("Gather") == 3
+    assert out.refused("moves elements") or out.refused("are not blocks of consecutive elements")
+
+
+def test_a_view_read_by_another_node_stays(tmp_path):
+    out = optimize(tmp_path, unbound(extra_reader=True), [PASS])
+    assert "Split" not in out.ops and out.ops.count("Gather") == 3

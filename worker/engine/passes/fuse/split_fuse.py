@@ -16,6 +16,16 @@ Split takes the Slices' output values over, so names and readers stay. Exact.
 (older GPT-2 exports split the fused QKV projection so). Preconditions: every reader of the sequence is a
 SequenceAt at a distinct constant position; the split is given (a scalar chunk size or constant lengths) or,
 without it, keepdims is 1 (chunks of one); the dim is static. Chunks nobody reads become unused outputs. Exact.
+
+    s:[L, N, 3E] -> Reshape [L, N, 3, E] -> Unsqueeze 0 -> Transpose -> Squeeze -> x:[3, L, N, E]
+      -> Gather(x, 0) -> q,  Gather(x, 1) -> k,  Gather(x, 2) -> v      ->  Split(s, [E, E, E], axis 2) -> q, k, v
+
+(torch's nn.MultiheadAttention unbinds its packed in-projection so: torchvision's ViT, every model built on
+it). Gathers at every constant index of one axis of x, read by nothing else, where x is s seen through
+Reshapes, Squeezes, Unsqueezes and Transposes that move no data within a part: each part is a block of
+consecutive elements along one axis of s, in s's own order. The view chain is replayed on (size, stride)
+pairs of s's layout to prove it; a part whose shape differs from the Gather's output (unit dims) gets a
+Reshape. Every shape static. Exact: the same elements, in the same order.
 """
 from __future__ import annotations
 
@@ -185,8 +195,198 @@ class SequenceAtSplit(Rule):
         return split
 
 
+#: Ops that only re-view their input (no element moves relative to the others within a part).
+VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose")
+#: (size, stride) per axis of a value seen as a view of a row-major source.
+Layout = list[tuple[int, int]]
+
+
+def _static(value: Value | None) -> tuple[int, ...] | None:
+    shape = value.shape if value is not None else None
+    return tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+
+
+def row_major(shape: tuple[int, ...]) -> Layout:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return list(zip(shape, reversed(strides)))
+
+
+def reshaped(layout: Layout, shape: tuple[int, ...]) -> Layout | None:
+    """``layout`` seen with ``shape`` (same element count), or None when that is not a view of it: each run of
+    dims merged or cut must be contiguous in the source."""
+    source = [(size, stride) for size, stride in layout if size != 1]
+    result: Layout = []
+    i = j = 0
+    while j < len(shape):
+        if shape[j] == 1:
+            result.append((1, 0))
+            j += 1
+            continue
+        if i >= len(source):
+            return None
+        group, product_in = [source[i]], source[i][0]
+        i += 1
+        outputs, product_out = [j], shape[j]
+        j += 1
+        while product_in != product_out:
+            if product_in < product_out:
+                if i >= len(source):
+                    return None
+                group.append(source[i])
+                product_in *= source[i][0]
+                i += 1
+            else:
+                if j >= len(shape):
+                    return None
+                outputs.append(j)
+                product_out *= shape[j]
+                j += 1
+        if any(outer[1] != inner[1] * inner[0] for outer, inner in zip(group, group[1:])):
+            return None  # the run is not contiguous in the source
+        stride = group[-1][1]
+        strides = {}
+        for axis in reversed(outputs):
+            strides[axis] = (shape[axis], stride if shape[axis] != 1 else 0)
+            stride *= shape[axis]
+        result += [strides[axis] for axis in outputs]
+    return result if i == len(source) else None
+
+
+def view_source(x: Value) -> tuple[Value, list[Node]] | None:
+    """The value ``x`` re-views through a chain of VIEWS nodes, each output read only by the next, with the
+    chain from the source down; None when x is no such view."""
+    chain: list[Node] = []
+    value = x
+    while value.producer is not None and value.producer.op_type in VIEWS and value.producer.domain == "":
+        node = value.producer
+        if value is not x and (len(value.uses) != 1 or value.is_graph_output):
+            break
+        chain.append(node)
+        value = node.input(0)
+    return (value, chain[::-1]) if chain else None
+
+
+def view_layout(source: Value, chain: list[Node]) -> Layout | None:
+    """The (size, stride) layout of the chain's last output in the row-major ``source``."""
+    shape = _static(source)
+    if shape is None:
+        return None
+    layout = row_major(shape)
+    for node in chain:
+        out = _static(node.outputs[0])
+        if out is None:
+            return None
+        if node.op_type == "Transpose":
+            perm = node.attr("perm", None)
+            perm = list(perm) if perm is not None else list(range(len(layout)))[::-1]
+            if sorted(perm) != list(range(len(layout))):
+                return None
+            layout = [layout[axis] for axis in perm]
+        else:
+            layout = reshaped(layout, out)
+            if layout is None:
+                return None
+        if tuple(size for size, _ in layout) != out:
+            return None
+    return layout
+
+
+@dataclass(frozen=True)
+class Unbind:
+    source: Value
+    axis: int  # of the source
+    #: The Gathers in the order of the parts they take.
+    gathers: list[Node]
+
+
+def _index(node: Node, dim: int) -> int | None:
+    """The Gather's one constant index, made non-negative, or None."""
+    index = int_list(node.input(1))
+    if index is None or len(index) != 1 or (node.input(1).rank or 0) > 1 or not -dim <= index[0] < dim:
+        return None
+    return index[0] % dim
+
+
+class UnbindGathers(Rule):
+    name = "gathers_to_split"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        p.Gather(p.var("x"), p.var("index").const(), key="gather", out="y")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> Unbind | str | None:
+        x, first = match.value("x"), match.node("gather")
+        shape = _static(x)
+        if shape is None or x.is_graph_output:
+            return None
+        axis = int(first.attr("axis", 0)) % len(shape)
+        count = shape[axis]
+        readers = list(dict.fromkeys(use.node for use in x.uses))
+        if count < 2 or len(readers) != count:
+            return None
+        parts: dict[int, Node] = {}
+        for node in readers:
+            index = _index(node, count) if node.op_type == "Gather" and node.domain == "" \
+                and node.graph is match.graph and int(node.attr("axis", 0)) % len(shape) == axis else None
+            if index is None or index in parts or _static(node.outputs[0]) is None:
+                return None
+            parts[index] = node
+        found = view_source(x)
+        if found is None:
+            return None
+        source, chain = found
+        layout = view_layout(source, chain)
+        if layout is None:
+            return f"{describe(first)} reads {x.name!r}, which moves elements of {source.name!r} within a part"
+        axis_of_source = _block_axis(layout, axis, _static(source))
+        if axis_of_source is None:
+            return (f"the parts {describe(first)} and its siblings take of {x.name!r} are not blocks of "
+                    f"consecutive elements along one axis of {source.name!r}")
+        return Unbind(source, axis_of_source, [parts[i] for i in range(count)])
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: Unbind) -> Node:
+        graph, count = match.graph, len(plan.gathers)
+        shape = _static(plan.source)
+        part = list(shape)
+        part[plan.axis] //= count
+        earliest = min(plan.gathers, key=lambda n: n.position)
+        wanted = [gather.outputs[0] for gather in plan.gathers]
+        outputs = [out if _static(out) == tuple(part) else f"{gather.name}_part"
+                   for gather, out in zip(plan.gathers, wanted)]
+        split = split_node(ctx, graph, plan.source, [shape[plan.axis] // count] * count, plan.axis, outputs,
+                           f"{earliest.name}_split", before=earliest)
+        for gather, out, piece_value in zip(plan.gathers, wanted, split.outputs):
+            if piece_value is not out:  # a part with another shape than the Gather's output (unit dims)
+                piece_value.dtype, piece_value.shape = plan.source.dtype, tuple(part)
+                target = graph.add_initializer(f"{gather.name}_shape", np.array(_static(out), np.int64))
+                graph.add_node("Reshape", [piece_value, target], outputs=[out], name=f"{gather.name}_reshape",
+                               before=earliest)
+        # the Gathers gave their outputs away; the view chain above them goes with them (nothing else reads it)
+        graph.remove_nodes([n for n in plan.gathers if n is not match.node("gather")])
+        return split
+
+
+def _block_axis(layout: Layout, axis: int, source: tuple[int, ...]) -> int | None:
+    """The axis of the row-major ``source`` whose consecutive blocks are the parts taken along ``axis`` of a
+    view with ``layout``, or None: the other axes must walk the source in its own order."""
+    count, step = layout[axis]
+    rest = [entry for i, entry in enumerate(layout) if i != axis and entry[0] != 1]
+    for b, (size, stride) in enumerate(row_major(source)):
+        if size % count or step != (size // count) * stride:
+            continue
+        expected = [(d, s) if i != b else (size // count, stride) for i, (d, s) in enumerate(row_major(source))]
+        if [entry for entry in expected if entry[0] != 1] == rest:
+            return b
+    return None
+
+
 @register_pass(name="split_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
-               description="turn sibling Slices that tile a tensor along one axis, and SplitToSequence read by "
-                           "SequenceAt at constant positions, into one Split")
+               description="turn sibling Slices that tile a tensor along one axis, SplitToSequence read by "
+                           "SequenceAt at constant positions, and Gathers unbinding a packed projection into one "
+                           "Split")
 def split_fuse(ctx: PassContext) -> PassResult:
-    return apply_rules(ctx, [SiblingSlices(), SequenceAtSplit()])
+    return apply_rules(ctx, [SiblingSlices(), SequenceAtSplit(), UnbindGathers()])
