@@ -105,7 +105,11 @@ class Matcher:
                 yield dict(binding)
             return
         element, via, relation, slot = order[index]
-        bound = {id(x) for x in binding.values()}
+        # distinct elements bind distinct nodes and values, except constant leaves (one Constant read twice)
+        shared = isinstance(element, VarPattern) and element.shared_constant and element.producer is None
+        bound = {id(x) for e, x in binding.items()
+                 if not (isinstance(e, VarPattern) and e.shared_constant and e.producer is None)} if shared \
+            else {id(x) for x in binding.values()}
         for candidate, perm in _candidates(element, binding[via], via, relation, slot, perms):
             if id(candidate) in bound or not _accepts(element, candidate, graph):
                 continue

@@ -30,6 +30,8 @@ class VarPattern:
         self.producer: tuple[OpPattern, int] | None = None
         self.consumers: list[tuple[OpPattern, int]] = []
         self._keep = False
+        #: A constant leaf: it may bind a value another such var binds (one Constant 1.0 read twice).
+        self.shared_constant = False
 
     def __repr__(self) -> str:
         return f"VarPattern({self.key!r})"
@@ -39,7 +41,9 @@ class VarPattern:
         return self
 
     def const(self) -> "VarPattern":
-        """Known at optimization time: a non-input initializer or a Constant node's output."""
+        """Known at optimization time: a non-input initializer or a Constant node's output. Two such vars may
+        bind the same value (an exporter's one Constant 1.0 read by two Adds of a chain)."""
+        self.shared_constant = True
         return self.check("is constant", lambda v: v.constant_value() is not None)
 
     def scalar(self) -> "VarPattern":

@@ -8,7 +8,8 @@
     y * 0.5 * (1 + Erf(y / sqrt(2))) -> Gelu    (the product in any order, / sqrt(2) also as * 1/sqrt(2),
                                                  (y * u) * 0.5 also as (y * u) / 2)
     y * 0.5 * (1 + Tanh(sqrt(2 / pi) * (y + 0.044715 * y ^ 3))) -> GeluTanh   (Gelu, approximate="tanh";
-                                                 y ^ 3 as Pow(y, 3) or y * (y * y))
+                                                 y ^ 3 as Pow(y, 3) or y * (y * y); or BLOOM's
+                                                 (sqrt(2 / pi) * y) * (1 + 0.044715 * y * y))
 
 gelu_fuse and hard_swish_fuse turn the decomposed forms into the standard op; the mirserve activation
 fusions fold any form into the op before it. A form is a fragment appended to a rule's pattern at the value
@@ -224,13 +225,22 @@ def _gelu_erf(shrink: str, tail: str) -> Callable[[Pattern, VarPattern], VarPatt
     return append
 
 
-#: How exporters write y ^ 3: Pow(y, 3) (torch's tanh-approximate gelu), or y * (y * y) (Gemma's and
-#: GPT-J's written-out gelu_new, in either order).
-GELU_CUBES = ("pow", "mul")
+#: How exporters write sqrt(2 / pi) * (y + 0.044715 * y ^ 3): with Pow(y, 3) (torch's tanh-approximate gelu),
+#: with y * (y * y) (Gemma's and GPT-J's written-out gelu_new, in either order), or factored as BLOOM's
+#: (sqrt(2 / pi) * y) * (1 + 0.044715 * y * y).
+GELU_CUBES = ("pow", "mul", "factored")
 
 
 def _gelu_tanh(cube: str, tail: str) -> Callable[[Pattern, VarPattern], VarPattern]:
     def append(p: Pattern, y: VarPattern) -> VarPattern:
+        if cube == "factored":
+            square = p.Mul(p.Mul(y, p.var("cubic").const(), key="mul_cubic", commutative=True), y, key="pow",
+                           commutative=True)
+            inner = p.Mul(p.Mul(y, p.var("sqrt_2_pi").const(), key="scale_in", commutative=True),
+                          p.Add(square, p.var("one_inner").const(), key="add_x", commutative=True),
+                          key="product_in", commutative=True)
+            a = p.Add(p.Tanh(inner, key="nonlinear"), p.var("one").const(), key="one_plus", commutative=True)
+            return _gelu_tail(p, y, a, tail)
         power = p.Pow(y, p.var("cube").const(), key="pow") if cube == "pow" else \
             p.Mul(y, p.Mul(y, y, key="square"), key="pow", commutative=True)
         cubed = p.Mul(power, p.var("cubic").const(), key="mul_cubic", commutative=True)
@@ -248,6 +258,7 @@ def _read_gelu_chain(kind: str) -> Callable[[Match, int], Params | str]:
             expected["root"] = math.sqrt(2) if match.node("shrink").op_type == "Div" else 1 / math.sqrt(2)
         else:
             expected.update(cubic=0.044715, sqrt_2_pi=math.sqrt(2 / math.pi))
+            expected["one_inner"] = 1.0  # the factored form's (a key the match lacks is not checked)
             if match.node("pow").op_type == "Pow":
                 expected["cube"] = 3.0
         return _unexpected(match, expected, "nonlinear", "Gelu") or {}
