@@ -69,7 +69,9 @@ class Export:
     settings: dict
     #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "causal" (input_ids
     #: alone: no padding, so sdpa attention asks torch for is_causal), "image"
-    #: (pixel_values), "audio" (input_features) or "encoder" (an encoder-decoder model's encoder alone).
+    #: (pixel_values), "audio" (input_features), "waveform" (input_values: raw audio samples, 1x640),
+    #: "encoder" (an encoder-decoder model's encoder alone) or "seq2seq" (the whole encoder-decoder:
+    #: input_ids, attention_mask, decoder_input_ids).
     inputs: str = "text"
     #: The transformers attention implementation: "eager" (the arithmetic written out) or "sdpa".
     attention: str = "eager"
@@ -77,6 +79,8 @@ class Export:
     past: int = 0
     #: Exported with a dynamic batch and sequence (see ``dynamic_models``).
     dynamic: bool = False
+    #: The image side of "image" inputs (1x3xSxS).
+    image_size: int = 32
 
 
 def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
@@ -133,6 +137,103 @@ def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
                                   {**seq2seq, "num_mel_bins": 80, "max_source_positions": 16,
                                    "max_target_positions": 16, "pad_token_id": 0, "bos_token_id": 0,
                                    "eos_token_id": 0, "decoder_start_token_id": 1}, inputs="audio"),
+        **_more_models(size, bert_like, seq2seq),
+    }
+
+
+def _more_models(size: Size, bert_like: dict, seq2seq: dict) -> dict[str, Export]:
+    """Architectures with patterns the ones above lack: disentangled attention (DeBERTa-v2), bottlenecks and
+    NoNorm (MobileBERT), convolutions beside attention (ConvBERT), norms with a +1 weight and GeGLU (Gemma),
+    parallel multi-query attention (Falcon), ALiBi (BLOOM, MPT), learned offset positions (OPT), interleaved
+    rotary (GPT-J, CodeGen), sinusoidal positions (XLM, Marian, Pegasus), a convolutional feature extractor with
+    GroupNorm and a grouped positional convolution (wav2vec2, HuBERT), quick_gelu (CLIP), image encoders
+    (SegFormer's reduced attention, Swin's shifted windows, MobileViT, ConvNeXt and ConvNeXt-v2's GRN), a
+    pre-norm encoder (mBART) and a whole encoder-decoder (T5)."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    head_dim = hidden // heads
+    decoder = {"bos_token_id": 0, "eos_token_id": 0, "use_cache": False}
+    wav2vec2 = {"vocab_size": 32, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2),
+                "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}
+    return {
+        "deberta_v2": Export("DebertaV2Config", "DebertaV2Model",
+                             {**bert_like, "relative_attention": True, "position_buckets": 32,
+                              "max_relative_positions": 64, "pos_att_type": ["p2c", "c2p"], "norm_rel_ebd": "layer_norm",
+                              "share_att_key": True, "position_biased_input": False}),
+        "electra": Export("ElectraConfig", "ElectraModel", {**bert_like, "embedding_size": hidden // 2}),
+        "mobilebert": Export("MobileBertConfig", "MobileBertModel",
+                             {**bert_like, "embedding_size": hidden // 2, "intra_bottleneck_size": hidden // 2,
+                              "num_feedforward_networks": 2, "normalization_type": "no_norm"}),
+        "convbert": Export("ConvBertConfig", "ConvBertModel",
+                           {**bert_like, "embedding_size": hidden, "head_ratio": 2, "conv_kernel_size": 9,
+                            "num_groups": 1}),
+        "xlm": Export("XLMConfig", "XLMModel",
+                      {"vocab_size": vocab, "emb_dim": hidden, "n_layers": layers, "n_heads": heads,
+                       "max_position_embeddings": 64, "sinusoidal_embeddings": True, "n_langs": 1,
+                       "use_lang_emb": False}),
+        "gemma": Export("GemmaConfig", "GemmaModel",
+                        {**bert_like, "num_key_value_heads": size.kv_heads, "head_dim": head_dim,
+                         "hidden_activation": "gelu_pytorch_tanh", **decoder}, inputs="decoder"),
+        "falcon": Export("FalconConfig", "FalconModel",
+                         {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                          "num_attention_heads": heads, "multi_query": True, "parallel_attn": True, "alibi": False,
+                          "new_decoder_architecture": False, "max_position_embeddings": 64, **decoder},
+                         inputs="decoder"),
+        "bloom": Export("BloomConfig", "BloomModel",
+                        {"vocab_size": vocab, "hidden_size": hidden, "n_layer": layers, "n_head": heads, **decoder},
+                        inputs="decoder"),
+        "mpt": Export("MptConfig", "MptModel",
+                      {"vocab_size": vocab, "d_model": hidden, "n_heads": heads, "n_layers": layers,
+                       "expansion_ratio": 2, "max_seq_len": 64, **decoder}, inputs="decoder"),
+        "opt": Export("OPTConfig", "OPTModel",
+                      {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "ffn_dim": inter,
+                       "num_attention_heads": heads, "max_position_embeddings": 64, "word_embed_proj_dim": hidden,
+                       "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2, "use_cache": False},
+                      inputs="decoder"),
+        "gptj": Export("GPTJConfig", "GPTJModel",
+                       {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads, "n_inner": inter,
+                        "rotary_dim": head_dim // 2, "n_positions": 64, **decoder}, inputs="decoder"),
+        "codegen": Export("CodeGenConfig", "CodeGenModel",
+                          {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                           "n_inner": inter, "rotary_dim": head_dim // 2, "n_positions": 64, "n_ctx": 64, **decoder},
+                          inputs="decoder"),
+        "clip_text": Export("CLIPTextConfig", "CLIPTextModel", {**bert_like, "pad_token_id": 1, "bos_token_id": 0,
+                                                                 "eos_token_id": 2}),
+        "clip_vision": Export("CLIPVisionConfig", "CLIPVisionModel",
+                              {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                               "intermediate_size": inter, "image_size": 32, "patch_size": 8}, inputs="image"),
+        "segformer": Export("SegformerConfig", "SegformerModel",
+                            {"num_encoder_blocks": 2, "depths": [1, 1], "sr_ratios": [2, 1], "hidden_sizes": [32, 64],
+                             "patch_sizes": [7, 3], "strides": [4, 2], "num_attention_heads": [1, 2],
+                             "mlp_ratios": [4, 4]}, inputs="image"),
+        "swin": Export("SwinConfig", "SwinModel",
+                       {"image_size": 32, "patch_size": 2, "embed_dim": 16, "depths": [2, 2], "num_heads": [2, 4],
+                        "window_size": 4}, inputs="image"),
+        "mobilevit": Export("MobileViTConfig", "MobileViTModel",
+                            {"image_size": 64, "patch_size": 2, "hidden_sizes": [32, 48, 64],
+                             "neck_hidden_sizes": [8, 16, 24, 32, 40, 48, 96], "num_attention_heads": 2},
+                            inputs="image", image_size=64),
+        "convnext": Export("ConvNextConfig", "ConvNextModel",
+                           {"hidden_sizes": [16, 32, 48, 64], "depths": [1, 1, 2, 1], "image_size": 32},
+                           inputs="image"),
+        "convnextv2": Export("ConvNextV2Config", "ConvNextV2Model",
+                             {"hidden_sizes": [16, 32, 48, 64], "depths": [1, 1, 2, 1], "image_size": 32},
+                             inputs="image"),
+        "wav2vec2": Export("Wav2Vec2Config", "Wav2Vec2Model", wav2vec2, inputs="waveform"),
+        "hubert": Export("HubertConfig", "HubertModel",
+                         {**wav2vec2, "feat_extract_norm": "layer", "do_stable_layer_norm": True,
+                          "conv_bias": True}, inputs="waveform"),
+        "marian_encoder": Export("MarianConfig", "MarianModel",
+                                 {**seq2seq, "max_position_embeddings": 64, "pad_token_id": 1,
+                                  "decoder_start_token_id": 1}, inputs="encoder"),
+        "mbart_encoder": Export("MBartConfig", "MBartModel", {**seq2seq, "max_position_embeddings": 64},
+                                inputs="encoder"),
+        "pegasus_encoder": Export("PegasusConfig", "PegasusModel", {**seq2seq, "max_position_embeddings": 64},
+                                  inputs="encoder"),
+        "t5": Export("T5Config", "T5Model",
+                     {"vocab_size": vocab, "d_model": hidden, "d_kv": head_dim, "d_ff": inter, "num_layers": layers,
+                      "num_heads": heads, "feed_forward_proj": "gated-gelu", "decoder_start_token_id": 0,
+                      "use_cache": False}, inputs="seq2seq"),
     }
 
 
@@ -171,11 +272,22 @@ def build(name: str, size: Size = SIZES["bench"]):
     config._attn_implementation = spec.attention
     torch.manual_seed(0)
     model = getattr(transformers, spec.model)(config).eval()
+    # BatchNorm as the library initializes it (weight ~0.02) shrinks MobileViT's activations to exactly 0 after
+    # a few layers: affine parameters and running statistics set around their trained values instead
+    stats = torch.Generator().manual_seed(1)
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
+            for tensor, low, high in ((module.weight, 0.5, 1.5), (module.bias, -0.1, 0.1),
+                                      (module.running_mean, -0.1, 0.1), (module.running_var, 0.5, 1.5)):
+                tensor.data.copy_(torch.rand(tensor.shape, generator=stats) * (high - low) + low)
     if spec.inputs == "encoder" or spec.inputs == "audio":
         model = model.get_encoder()
     generator = torch.Generator().manual_seed(0)
     if spec.inputs == "image":
-        return model, {"pixel_values": torch.rand(1, 3, 32, 32, generator=generator)}
+        side = spec.image_size
+        return model, {"pixel_values": torch.rand(1, 3, side, side, generator=generator)}
+    if spec.inputs == "waveform":
+        return model, {"input_values": torch.randn(1, 640, generator=generator)}
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
         return model, {"input_features": torch.rand(1, config.num_mel_bins, frames, generator=generator)}
@@ -183,6 +295,8 @@ def build(name: str, size: Size = SIZES["bench"]):
     ids = torch.randint(3, size.vocab, (batch, SEQUENCE), generator=generator)
     mask = torch.ones(batch, SEQUENCE + spec.past, dtype=torch.int64)
     inputs = {"input_ids": ids} if spec.inputs == "causal" else {"input_ids": ids, "attention_mask": mask}
+    if spec.inputs == "seq2seq":
+        inputs["decoder_input_ids"] = torch.randint(3, size.vocab, (batch, SEQUENCE // 2), generator=generator)
     kv_heads = getattr(config, "num_key_value_heads", None) or size.heads
     for layer in range(size.layers if spec.past else 0):
         for which in ("key", "value"):
