@@ -165,3 +165,21 @@ def test_auto_mixed_precision_runs_on_a_model_verified_by_regions_when_both_fit_
     assert amp_fits(wide_resnet, Limits())                 # 4096 MiB by default
     assert not amp_fits(wide_resnet, Limits(verify_memory_mb=1024))
     assert amp_fits(wide_resnet, Limits(verify_memory_mb=0))  # no bound
+
+
+def test_the_search_never_tries_a_pin_set_twice():
+    """Unpinning meets sets the bisection saw fail (a helper's sweep: 6 of fcn_resnet50's 40 steps, each a
+    rebuild and a verification of the whole model): a set that failed is not tried again."""
+    from worker.engine import amp
+
+    order = [amp.Ranked(f"n{i}", "Conv", 100.0 - i, 100.0 - i) for i in range(72)]
+    needed = {"n0", "n5", "n70"}  # one ranked low, as in fcn_resnet50
+    tried = []
+
+    def trial(names):
+        tried.append(frozenset(names))
+        return needed <= set(names), ""
+
+    outcome = amp.search(order, trial)
+    assert outcome.passed and {r.node for r in outcome.pinned} == needed
+    assert len(tried) == len(set(tried)) == outcome.runs

@@ -105,11 +105,18 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds
     def spent() -> bool:
         return len(outcome.steps) >= MAX_STEPS or (deadline is not None and time.perf_counter() > deadline)
 
+    failed: set[frozenset[str]] = set()  # pin sets seen to fail: the unpinning phase meets the bisection's again
+
     def attempt(chosen: Sequence[Ranked]) -> bool:
+        names = [r.node for r in chosen]
+        if frozenset(names) in failed:
+            return False
         started = time.perf_counter()
-        passed, found = trial([r.node for r in chosen])
+        passed, found = trial(names)
         outcome.steps.append({"pinned": len(chosen), "passed": passed, "found": found,
                               "seconds": round(time.perf_counter() - started, 3)})
+        if not passed:
+            failed.add(frozenset(names))
         return passed
 
     if not order or not attempt(order):
