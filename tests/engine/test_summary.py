@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import onnx
 import pytest
 
 from tests.conftest import CORPUS
@@ -222,3 +224,33 @@ def test_unknown_macs_are_null_with_the_reason_never_zero():
                                        "com.acme.Op is neither ... (node x)"]
     flat = " ".join(render_summary(summary, width=400).split())
     assert "MACs unknown: 3 node(s) cannot be counted (1,200 in the others): Conv: the shape" in flat
+
+
+def test_an_op_of_an_if_body_on_host_is_not_said_to_be_made_by_a_rewrite(tmp_path):
+    """A detector's NonMaxSuppression inside an If: no ARM place runs it, which is a plain host fallback; the
+    summary took it for an op a rewrite made (it counted the main graph's op types only) and warned."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from worker.engine.api import optimize
+    from worker.engine.options import OptimizeOptions
+
+    boxes = helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 8, 4])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 8])
+    selected = helper.make_tensor_value_info("sel", TensorProto.INT64, [None, 3])
+    then = helper.make_graph([helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou"], ["t"])], "then",
+                             [], [helper.make_tensor_value_info("t", TensorProto.INT64, [None, 3])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(
+        np.zeros((0, 3), np.int64)))], "else", [], [helper.make_tensor_value_info("e", TensorProto.INT64, [None, 3])])
+    nodes = [helper.make_node("ReduceMax", ["scores"], ["m"], keepdims=0),
+             helper.make_node("Greater", ["m", "threshold"], ["cond"]),
+             helper.make_node("If", ["cond"], ["sel"], then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "if_nms", [boxes, scores], [selected], [
+        numpy_helper.from_array(np.array([4], np.int64), "k"), numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "threshold")])
+    source = tmp_path / "in.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(source))
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places="arm/fp16/nhwc,arm/fp32/nchw"))
+    [nms] = [f for f in report["summary"]["host_fallbacks"] if f["op"] == "NonMaxSuppression"]
+    assert nms["kind"] == "no kernel", nms
+    assert not [w for w in report["summary"]["warnings"] if "a rewrite made" in str(w)]
+    assert report["model"]["input"]["op_types_in_bodies"] == {"NonMaxSuppression": 1, "Constant": 1}

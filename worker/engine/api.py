@@ -101,7 +101,10 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                        target_opset=options.target_opset)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
-              "op_types": op_type_counts(model.graph)}
+              "op_types": op_type_counts(model.graph),
+              # what If/Loop/Scan bodies hold: an op there was not made by a rewrite
+              "op_types_in_bodies": op_type_counts(n for g in model.graph.all_graphs() if g is not model.graph
+                                                   for n in g)}
     input_bytes = before["bytes"] + model.external_data_bytes  # the weights in external data count too
     ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
                       input_bytes=input_bytes)

@@ -47,7 +47,7 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
     memory = report.get("memory") or {}
     user_targets = _user_targets(report)
     fallbacks = _host_fallbacks(kernels.get("nodes") or [], user_targets, has_kernel,
-                                set(before.get("op_types") or {}),
+                                {*(before.get("op_types") or {}), *(before.get("op_types_in_bodies") or {})},
                                 (report.get("placement") or {}).get("host_by_choice") or {})
     return {
         "nodes": {"before": before.get("nodes"), "after": after.get("nodes")},
