@@ -73,10 +73,14 @@ class Arch:
     shape: tuple = (1, 3, 64, 64)
     #: extra keyword arguments of the builder
     kwargs: dict = field(default_factory=dict)
+    #: how the model is wrapped to one image in, one tensor out: "" none; "out" its dict's "out" (segmentation);
+    #: "pair" a 1x6xHxW input split into two images, the last flow returned (RAFT, 3 updates); "detect" the
+    #: image batch as a list, the first image's boxes, scores and labels returned
+    wrap: str = ""
 
 
-def _tv(builder, shape=(1, 3, 64, 64), **kwargs):
-    return Arch("torchvision", builder, shape, kwargs)
+def _tv(builder, shape=(1, 3, 64, 64), wrap="", **kwargs):
+    return Arch("torchvision", builder, shape, kwargs, wrap)
 
 
 def _timm(builder, shape=(1, 3, 64, 64), **kwargs):
@@ -129,6 +133,35 @@ MODELS: dict[str, Arch] = {
     "timm_fastvit_t8": _timm("fastvit_t8"),
     "timm_repvgg_a0": _timm("repvgg_a0"),
     "timm_tinynet_a": _timm("tinynet_a"),
+    # --- the second batch: op and shape patterns the first did not cover
+    "tv_alexnet": _tv("alexnet"),  # AdaptiveAvgPool 1x1 -> 6x6 at 64x64 (an upsampling adaptive pool)
+    "tv_swin_v2_t": _tv("swin_v2_t"),  # cosine attention, continuous position bias MLP
+    "tv_fcn_resnet50": _tv("segmentation.fcn_resnet50", wrap="out", weights_backbone=None, aux_loss=False),
+    "tv_deeplabv3_mobilenet_v3_large": _tv("segmentation.deeplabv3_mobilenet_v3_large", wrap="out",
+                                           weights_backbone=None, aux_loss=False),  # ASPP, dilated, Resize
+    "tv_raft_small": _tv("optical_flow.raft_small", (1, 6, 128, 128), wrap="pair"),  # grid_sample, correlation
+    "tv_ssdlite320_mobilenet_v3_large": _tv("detection.ssdlite320_mobilenet_v3_large", (1, 3, 320, 320),
+                                            wrap="detect", weights_backbone=None),  # NMS, TopK
+    "timm_beit_base_patch16_224": _timm("beit_base_patch16_224", img_size=64, depth=4),  # relative pos bias
+    "timm_eva02_tiny_patch14_224": _timm("eva02_tiny_patch14_224", (1, 3, 56, 56), img_size=56),  # rotary, SwiGLU
+    "timm_volo_d1_224": _timm("volo_d1_224", img_size=64),  # outlook attention: unfold / fold
+    "timm_sequencer2d_s": _timm("sequencer2d_s"),  # bidirectional LSTM
+    "timm_resnest14d": _timm("resnest14d"),  # split attention, radix softmax
+    "timm_eca_nfnet_l0": _timm("eca_nfnet_l0"),  # scaled weight standardization, ECA conv1d
+    "timm_efficientvit_b0": _timm("efficientvit_b0"),  # ReLU linear attention
+    "timm_pvt_v2_b0": _timm("pvt_v2_b0"),  # spatial-reduction attention
+    "timm_xcit_nano_12_p16_224": _timm("xcit_nano_12_p16_224", img_size=64),  # cross-covariance attention
+    "timm_cait_xxs24_224": _timm("cait_xxs24_224", img_size=64),  # talking heads, class attention
+    "timm_crossvit_tiny_240": _timm("crossvit_tiny_240", (1, 3, 120, 120), img_size=120),  # bicubic resize 120->112
+    "timm_focalnet_tiny_srf": _timm("focalnet_tiny_srf"),  # focal modulation
+    "timm_gcvit_xxtiny": _timm("gcvit_xxtiny", img_size=64),  # global context attention
+    "timm_botnet26t_256": _timm("botnet26t_256", img_size=64),  # relative position logits
+    "timm_halonet26t": _timm("halonet26t", (1, 3, 256, 256), img_size=256),  # halo attention (unfold): 8x8 blocks at /32
+    "timm_lambda_resnet26t": _timm("lambda_resnet26t", img_size=64),  # lambda layer, Conv3d
+    "timm_ghostnetv2_100": _timm("ghostnetv2_100"),  # DFC attention: pool, nearest upsample
+    "timm_tnt_s_patch16_224": _timm("tnt_s_patch16_224", img_size=64),  # pixel embedding: nn.Unfold
+    "timm_hiera_tiny_224": _timm("hiera_tiny_224", img_size=64),  # mask-unit unroll / reroll
+    "timm_tresnet_m": _timm("tresnet_m"),  # space-to-depth, anti-aliased downsampling
 }
 
 
@@ -156,8 +189,36 @@ def build(name: str):
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.running_mean is not None:
             module.running_mean.uniform_(-0.1, 0.1)
             module.running_var.uniform_(0.5, 1.5)
+        # a zero-initialized classifier (timm's sequencer2d and hiera heads) makes the output all zeros for
+        # every input, and verification vacuous: such weights get small random values instead
+        if isinstance(module, torch.nn.Linear) and not module.weight.any():
+            torch.nn.init.normal_(module.weight, std=0.02)
     image = torch.rand(*spec.shape, generator=torch.Generator().manual_seed(0))
+    if spec.wrap:
+        model = _Wrapped(model, spec.wrap).eval()
     return model, image
+
+
+def _Wrapped(model, how: str):
+    """``model`` adapted to one image tensor in and tensors out (see ``Arch.wrap``)."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, images):
+            if how == "out":
+                return self.model(images)["out"]
+            if how == "pair":
+                return self.model(images[:, :3], images[:, 3:], num_flow_updates=3)[-1]
+            if how == "detect":
+                found = self.model(list(images))[0]
+                return found["boxes"], found["scores"], found["labels"]
+            raise ValueError(how)
+
+    return Wrapped()
 
 
 def export(name: str, exporter: str, path: Path) -> None:
