@@ -254,3 +254,32 @@ def test_an_op_of_an_if_body_on_host_is_not_said_to_be_made_by_a_rewrite(tmp_pat
     assert nms["kind"] == "no kernel", nms
     assert not [w for w in report["summary"]["warnings"] if "a rewrite made" in str(w)]
     assert report["model"]["input"]["op_types_in_bodies"] == {"NonMaxSuppression": 1, "Constant": 1}
+
+
+def test_a_body_node_on_host_is_not_said_to_have_had_a_listed_place_its_parent_could_not_lend(tmp_path):
+    """A host-run If lends its body only the listed targets that share host memory: under npu places an
+    int64 Cast in the body was said to have had npu within reach ("a place you listed was possible")."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from worker.engine.api import optimize
+    from worker.engine.options import OptimizeOptions
+
+    then = helper.make_graph([helper.make_node("Cast", ["labels"], ["t"], to=TensorProto.FLOAT)], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [8])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["e"], value=numpy_helper.from_array(
+        np.zeros(8, np.float32)))], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, [8])])
+    nodes = [helper.make_node("ArgMax", ["scores"], ["labels2d"], axis=1, keepdims=0),
+             helper.make_node("Reshape", ["labels2d", "shape8"], ["labels"]),
+             helper.make_node("ReduceMax", ["scores"], ["m"], keepdims=0),
+             helper.make_node("Greater", ["m", "threshold"], ["cond"]),
+             helper.make_node("If", ["cond"], ["f"], then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "if_cast", [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [8, 5])],
+                              [helper.make_tensor_value_info("f", TensorProto.FLOAT, [8])],
+                              [numpy_helper.from_array(np.array([8], np.int64), "shape8"),
+                               numpy_helper.from_array(np.array(0.0, np.float32), "threshold")])
+    source = tmp_path / "in.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(source))
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places="npu/int8/nchw,arm/fp32/nchw"))
+    [cast] = [f for f in report["summary"]["host_fallbacks"] if f["op"] == "Cast"]
+    assert cast["user_place_possible"] == 0 and "npu" not in cast["reason"], cast
+    assert not [w for w in report["summary"]["warnings"] if "was possible" in str(w)]

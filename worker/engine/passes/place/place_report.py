@@ -19,7 +19,7 @@ from onnx import helper
 from worker.engine.kernels.pick import FLOATS, first_place, rank
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.casts import cast_kind
+from worker.engine.passes.support.casts import cast_kind, same_memory
 from worker.engine.passes.support.placement import KERNEL_KEY, PLACE_KEY, node_facts, node_opset
 from worker.engine.places import HOST, ValidPlaces
 
@@ -34,7 +34,10 @@ def _written_bytes(value) -> int | None:
 def host_fallback(ctx: PassContext, node) -> dict | None:
     """Why ``node``, placed on host, runs on no place the user listed; None when the user listed a host place
     (or no kernel tables are loaded)."""
-    user = ValidPlaces(ctx.places.places[:ctx.places.user_count], ctx.places.user_count)
+    listed = list(ctx.places.places[:ctx.places.user_count])
+    if node.graph is not ctx.graph:  # a body node on host: its parent lent it only targets sharing host memory
+        listed = [p for p in listed if same_memory(p.target.name, HOST.name)]
+    user = ValidPlaces(listed, len(listed))
     targets = sorted(user.targets)
     if ctx.kernels is None or HOST.name in targets or not targets:
         return None
