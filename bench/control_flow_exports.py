@@ -115,11 +115,8 @@ def _vad_module(dynamo: bool = False):
                 out, new_state = self.b8(input, state)
             return out, new_state
 
-    class VADCond(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.b16 = Branch(256, 128, 64)
-            self.b8 = Branch(128, 64, 32)
+    class VADCond(VAD):
+        """The same branches chosen by torch.cond, which the dynamo exporter writes as an If."""
 
         def forward(self, input, state, sr):
             return torch.cond(sr == 16000, lambda x, s: self.b16(x, s), lambda x, s: self.b8(x, s), (input, state))
