@@ -375,10 +375,11 @@ def _block_axis(layout: Layout, axis: int, source: tuple[int, ...]) -> int | Non
     view with ``layout``, or None: the other axes must walk the source in its own order."""
     count, step = layout[axis]
     rest = [entry for i, entry in enumerate(layout) if i != axis and entry[0] != 1]
-    for b, (size, stride) in enumerate(row_major(source)):
+    axes = row_major(source)
+    for b, (size, stride) in enumerate(axes):
         if size % count or step != (size // count) * stride:
             continue
-        expected = [(d, s) if i != b else (size // count, stride) for i, (d, s) in enumerate(row_major(source))]
+        expected = [(d, s) if i != b else (size // count, stride) for i, (d, s) in enumerate(axes)]
         if [entry for entry in expected if entry[0] != 1] == rest:
             return b
     return None
