@@ -174,15 +174,14 @@ def test_a_carried_value_declared_at_its_first_shape_is_loosened_to_what_every_t
     assert any(n.op_type == "Concat" for g in load_model(tmp_path / "out.onnx").graph.all_graphs() for n in g)
 
 
-def test_a_chain_of_pads_sized_by_the_last_output_is_typed_to_its_end(tmp_path):
-    """swin_v2's shifted windows (TorchScript): each Pad's pads come from the shape of the last Pad's output
-    through a Mod onnx does not evaluate, so each round of inference learns one more link. Twelve links,
-    as a 12-block model has: every value static, the last output's width known (8 + twelve pads)."""
+def pad_chain(links: int = 12):
+    """swin_v2's shifted windows (TorchScript) in small: each Pad's pads come from the shape of the last Pad's
+    output through a Mod onnx does not evaluate, so each round of inference learns one more link."""
     inits = [tensor("height_index", np.array(2)), tensor("three", np.array(3)), tensor("one", np.array(1)),
              tensor("zeros6", np.zeros(6, np.int64)), tensor("zeros1", np.zeros(1, np.int64)),
              tensor("axes0", np.array([0]))]
-    nodes, x, width = [], "x", 8
-    for i in range(12):
+    nodes, x = [], "x"
+    for i in range(links):
         nodes += [helper.make_node("Shape", [x], [f"s{i}"]),
                   helper.make_node("Gather", [f"s{i}", "height_index"], [f"g{i}"], axis=0),
                   helper.make_node("Mod", [f"g{i}", "three"], [f"m{i}"]),
@@ -191,12 +190,17 @@ def test_a_chain_of_pads_sized_by_the_last_output_is_typed_to_its_end(tmp_path):
                   helper.make_node("Concat", ["zeros6", f"u{i}", "zeros1"], [f"pads{i}"], axis=0),
                   helper.make_node("Pad", [x, f"pads{i}"], [f"y{i}"])]
         x = f"y{i}"
-    model = make_model(nodes, [vinfo("x", shape=[1, 4, 4, 8])], [vinfo(x, shape=[1, 4, None, 8])], inits)
+    height = 4
+    for _ in range(links):
+        height += height % 3 + 1
+    return make_model(nodes, [vinfo("x", shape=[1, 4, 4, 8])], [vinfo(x, shape=[1, 4, None, 8])], inits), height
+
+
+def test_a_chain_of_pads_sized_by_the_last_output_is_typed_to_its_end(tmp_path):
+    """Twelve links, as a 12-block model has: every value static, the last output's height known."""
+    model, height = pad_chain(12)
     onnx.save(model, str(tmp_path / "m.onnx"))
     loaded = load_model(tmp_path / "m.onnx")
     entry = infer(loaded)
     assert entry["untyped"] == [] and entry["static"] == entry["values"], entry
-    height = 4
-    for _ in range(12):
-        height += height % 3 + 1
     assert loaded.graph.outputs[0].shape == (1, 4, height, 8)

@@ -210,3 +210,22 @@ def test_a_fold_that_sizes_what_inference_could_not_types_the_graph_again(tmp_pa
     assert [e["pass"] for e in trace] == ["constant_folding", "type_inference", "eliminate_shape_op"]
     assert trace[1]["stale_after"] == "constant_folding"
     assert [n.op_type for n in ctx.graph] == ["Add", "Cast", "ReduceSum", "Mul"]  # Expand, Unsqueeze, Cast, Shape
+
+
+def test_a_folded_value_that_sizes_an_unknown_shape_has_types_inferred_again(tmp_path, monkeypatch):
+    """swin_v2's Pad chain in the default pipeline with type inference held to 6 rounds (fewer than its 12
+    links): folding a Pad's pads, which inference had not known, must mark types stale, so that inference
+    runs again and the rest of the chain folds. Before, folding kept types valid: 35 nodes of 71 left."""
+    from tests.engine.passes.analysis.test_type_inference import pad_chain
+    from worker.engine import inference
+    from worker.engine.api import optimize
+    from worker.engine.options import OptimizeOptions
+
+    monkeypatch.setattr(inference, "MAX_ROUNDS", 6)
+    model, height = pad_chain(12)
+    onnx.save(model, str(tmp_path / "in.onnx"))
+    report = optimize(tmp_path / "in.onnx", tmp_path / "out.onnx", OptimizeOptions())
+    assert report["verification"]["passed"] is True
+    written = onnx.load(str(tmp_path / "out.onnx"))
+    assert [n.op_type for n in written.graph.node] == ["Pad"] * 12
+    assert written.graph.output[0].type.tensor_type.shape.dim[2].dim_value == height

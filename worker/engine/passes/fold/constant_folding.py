@@ -25,6 +25,7 @@ from onnx import helper
 
 from worker.engine.evaluate import NONDETERMINISTIC, evaluate
 from worker.engine.ir import Graph, Node, Value
+from worker.engine.kernels.ops import SHAPE_INPUTS
 from worker.engine.limits import elements_from_values, size_text as _size_text
 from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.support.arrays import is_uniform
@@ -231,10 +232,19 @@ def fold_node(ctx: PassContext, graph: Graph, node: Node, result: PassResult, bu
         result.refused(f"constant_folding: {node.op_type}: {computed}")
         return
     budget[0] -= sum(int(array.nbytes) for array in computed)
-    if any(v.is_used and static_shape(v) != tuple(np.shape(a)) for v, a in zip(node.outputs, computed)):
+    if any(v.is_used and static_shape(v) != tuple(np.shape(a)) for v, a in zip(node.outputs, computed)) \
+            or any(_sizes_an_unknown_shape(v) for v in outputs_used):
         result.data["typed_anew"] = result.data.get("typed_anew", 0) + 1  # its readers' types derive from a guess
     replace(graph, node, computed)
     result.rewrote({"rule": "constant_folding", "from": [node.name], "to": []})
+
+
+def _sizes_an_unknown_shape(value: Value) -> bool:
+    """A reader takes ``value`` where its contents decide an output shape (a Pad's pads, a Reshape's shape)
+    and that output is not static yet: inference did not know the value, and will size the output now."""
+    return any(use.slot in SHAPE_INPUTS.get(use.node.op_type, ()) and not use.node.domain
+               and any(out is not None and out.is_used and not out.is_static for out in use.node.outputs)
+               for use in value.uses)
 
 
 def replace(graph: Graph, node: Node, arrays: list[np.ndarray]) -> None:
