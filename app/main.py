@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from app.auth import authenticate, check_exposure
+from app.deps import one_value_per_query_parameter
 from app.metrics import Metrics, MetricsMiddleware
 from app.openapi import install_openapi
 from app.problems import install_problem_handlers, problem_responses
@@ -44,7 +45,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     # /docs is served by app.web with vendored Swagger UI assets (FastAPI's would load them from a CDN).
     app = FastAPI(title="mirserve", version=__version__, description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None,
+                  dependencies=[Depends(one_value_per_query_parameter)])
     app.state.services = services
     install_problem_handlers(app)
     for module in (optimize, jobs, pictures, catalog):  # every route of these needs a key (app.auth)

@@ -340,6 +340,20 @@ def test_targets_filter_by_op(client):
     assert client.get("/targets", params={"op": "x" * 201}).status_code == 422
 
 
+def test_a_query_parameter_given_twice_is_refused_not_half_read(client):
+    # FastAPI would keep the last value: GET /targets?op=Conv&op=Relu would list Relu's kernels only.
+    problem = assert_problem(client.get("/targets", params=[("op", "Conv"), ("op", "Relu")]), 422, "query.op")
+    assert "given 2 times" in problem["detail"]
+    assert_problem(client.get("/jobs", params=[("limit", 1), ("limit", 2), ("offset", 0)]), 422, "query.limit")
+    assert client.get("/targets", params=[("op", "Conv"), ("kernels", "false")]).status_code == 200
+    # The rule is only right while no query parameter of the API is a list.
+    document = client.get("/openapi.json").json()
+    lists = [(path, p["name"]) for path, item in document["paths"].items() for op in item.values()
+             for p in op.get("parameters", []) if p["in"] == "query"
+             and "array" in json.dumps(p["schema"])]
+    assert not lists
+
+
 def test_the_committed_openapi_document_is_what_the_app_serves(client):
     committed = (REPO / "openapi" / "openapi.json").read_text(encoding="utf-8")
     served = client.get("/openapi.json").json()
