@@ -183,3 +183,64 @@ def test_the_search_never_tries_a_pin_set_twice():
     outcome = amp.search(order, trial)
     assert outcome.passed and {r.node for r in outcome.pinned} == needed
     assert len(tried) == len(set(tried)) == outcome.runs
+
+
+def _loader(source):
+    from worker.engine.kernels import default_table
+    from worker.engine.passes import PassContext
+    from worker.engine.places import parse_places
+
+    options, table = OptimizeOptions(places=PLACES), default_table()
+    return lambda pinned: PassContext(load_model(source), options, parse_places(PLACES), kernels=table,
+                                      pinned_fp32=frozenset(pinned))
+
+
+def _bytes(model) -> bytes:
+    from worker.engine.ir import model_to_proto
+
+    return model_to_proto(model).SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_builds_from_one_run_of_the_passes_before_kernel_pick_equal_builds_from_the_file(tmp_path, kind):
+    """Auto mixed precision's rebuilds run the passes before kernel pick once (they do not read the pins) and
+    only placement, casts and the memory plan per step; each build is byte for byte what a run from the file
+    gives, whichever builds came before it, with the same trace of passes."""
+    from worker.engine.passes import PassManager, get_pipeline
+    from worker.engine.pinned_builds import PinnedBuilds
+
+    source = save_proto(MODELS[kind](), tmp_path / "in.onnx")
+    load = _loader(source)
+    steps = get_pipeline("default").steps_for(OptimizeOptions(places=PLACES))
+    builds = PinnedBuilds(load, steps)
+    everything = [picked_name(n) for n in _pinned(source, set()).graph if n.pick.place.precision is Precision.FP16]
+    for pins in ([], everything, everything[:1], [], everything[1:]):
+        model, ctx, trace, manager = builds(pins)
+        save_model(model, tmp_path / "built.onnx")  # as a step saves it, between builds
+        fresh = load(pins)
+        fresh_trace = PassManager().run(fresh, steps)
+        assert _bytes(model) == _bytes(fresh.model), pins
+        assert [(e["pass"], e["rewrites"], e["skipped"]) for e in trace] == \
+            [(e["pass"], e["rewrites"], e["skipped"]) for e in fresh_trace]
+        assert ctx.report.keys() == fresh.report.keys() and ctx.pinned_fp32 == frozenset(pins)
+    assert builds.starts == 1
+
+
+def test_the_fallback_runs_the_passes_before_kernel_pick_twice_not_once_per_step(tmp_path, monkeypatch):
+    """Once for the first build, once for every step's start: not once per step."""
+    from worker.engine.passes import manager
+
+    runs = []
+    original = manager.PassManager._run_one
+
+    def counting(self, ctx, pass_, *args, **kwargs):
+        runs.append(pass_.name)
+        return original(self, ctx, pass_, *args, **kwargs)
+
+    monkeypatch.setattr(manager.PassManager, "_run_one", counting)
+    source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    assert report["precision_fallback"]["runs"] > 2
+    assert runs.count("support_check") == 2
+    assert runs.count("static_kernel_pick") == 1 + report["precision_fallback"]["runs"] + (
+        report["precision_fallback"]["steps"][-1]["passed"] is False)

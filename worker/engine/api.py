@@ -28,6 +28,7 @@ from worker.engine.memory import formulas
 from worker.engine.sample_shapes import first_choice, graph_specs, has_open_dims
 from worker.engine.sample_values import steering_values
 from worker.engine.options import OptimizeOptions
+from worker.engine.pinned_builds import PinnedBuilds
 from worker.engine.passes import REGISTRY, PassContext, PassManager
 from worker.engine.inference import apply_input_shapes
 from worker.engine.passes.support.casts import widens_fp16
@@ -157,17 +158,22 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                            else None, runs=options.verify_runs, rtol=rtol, atol=atol,
                            timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
 
-        def rebuild(run_options: OptimizeOptions, pinned=frozenset()) -> tuple:
-            """The input built again under ``run_options`` (nodes named in ``pinned`` kept in fp32)."""
+        def reload(run_options: OptimizeOptions, pinned=frozenset()) -> PassContext:
+            """The input loaded again, to be built under ``run_options`` (nodes named in ``pinned`` in fp32)."""
             again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
                                target_opset=options.target_opset)
             apply_input_shapes(again.graph, options.input_shapes)
             rebuilt = PassContext(model=again, options=run_options, places=places, kernels=ctx.kernels,
                                   input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
             rebuilt.sample_shapes = ctx.sample_shapes
+            return rebuilt
+
+        def rebuild(run_options: OptimizeOptions) -> tuple:
+            """The input built again under ``run_options``: (model, ctx, trace, manager)."""
+            rebuilt = reload(run_options)
             again_manager = PassManager()
-            run_steps = steps if run_options is options else get_pipeline(run_options.pipeline).steps_for(run_options)
-            return again, rebuilt, again_manager.run(rebuilt, run_steps), again_manager
+            run_steps = get_pipeline(run_options.pipeline).steps_for(run_options)
+            return rebuilt.model, rebuilt, again_manager.run(rebuilt, run_steps), again_manager
 
         def _with_fp32_nodes(exc: VerificationError) -> tuple:
             if not amp_fits(input_bytes, limits):  # it runs both models whole, every value an output
@@ -175,8 +181,8 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                                         f"{input_bytes >> 20} MiB of weights leave too little of the "
                                         f"verification's {limits.verify_memory_mb} MiB for that; give an fp32 "
                                         f"place instead, or raise --limit verify_memory_mb") from None
-            fallback, pinned = fall_back(model, str(exc), reference, directory,
-                                         lambda names: rebuild(options, names), verify_args)
+            builds = PinnedBuilds(lambda names: reload(options, names), steps)
+            fallback, pinned = fall_back(model, str(exc), reference, directory, builds, verify_args)
             if pinned is None:
                 raise VerificationError(f"{exc} {fallback['refusal']}") from None
             pinned[1].report["precision_fallback"] = fallback
@@ -328,13 +334,16 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
                     verify_args: dict[str, Any]) -> tuple[Any, tuple | None]:
     """``amp.search`` over ``order`` where a step builds the model with the chosen items (``build(names)``:
     nodes kept in fp32, passes turned off) and verifies it against ``reference``; the outcome and the last
-    build that verified (the search ends on it). As long as verification may take, spread over the steps."""
+    build that verified (the search ends on it). As long as verification may take, spread over the steps.
+    A build need only stay valid until the next (``PinnedBuilds`` reuses one model): when a step that did
+    not verify came after it, the build that did is made again."""
     from worker.engine import amp
 
-    built: dict[str, tuple] = {}
+    built: dict[str, Any] = {}
 
     def trial(names) -> tuple[bool, str]:
         attempt = build(names)
+        built["latest"] = (list(names), attempt)
         candidate = scratch / "trial.onnx"
         save_model(attempt[0], candidate)
         try:
@@ -343,11 +352,14 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
             return False, str(exc)
         finally:
             candidate.unlink(missing_ok=True)
-        built["last"] = attempt
+        built["verified"] = list(names)
         return True, "verified"
 
     outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
-    return outcome, built.get("last")
+    if "verified" not in built:
+        return outcome, None
+    names, attempt = built["latest"]
+    return outcome, attempt if names == built["verified"] else build(built["verified"])
 
 
 def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> dict:

@@ -132,3 +132,36 @@ def test_only_one_journal_is_open_at_a_time():
         with pytest.raises(RuntimeError, match="already open"):
             Journal().open()
     assert not is_open()
+
+
+def test_journals_nest_in_a_savepoint_which_undoes_them_all(tmp_path):
+    """A savepoint around a run of passes: each pass's journal nests in it (one that fails is undone alone);
+    rolling the savepoint back undoes every pass, kept or not, and what was made in between."""
+    from onnx import save
+
+    save(if_model(), str(tmp_path / "if.onnx"))
+    model = load_model(tmp_path / "if.onnx")
+    before, links = serialized(model), uses_of(model)
+    savepoint = Journal(model, savepoint=True)
+    with savepoint:
+        with Journal(model):  # a pass that is kept
+            relu = model.graph.nodes_of_type("Relu")[0]
+            relu.op_type = "Sigmoid"
+            model.graph.add_node("Neg", [relu.output()], ["made_in_a_pass"])
+        kept = serialized(model)
+        failed = Journal(model)
+        with failed:  # a pass that fails: undone alone
+            relu.op_type = "Tanh"
+            edit_everything(model)
+        failed.rollback()
+        assert serialized(model) == kept and is_open()
+        model.graph.toposort()  # between passes, in the savepoint itself
+        model.metadata["between"] = "passes"
+    assert not is_open() and serialized(model) != before
+    savepoint.rollback()
+    assert serialized(model) == before and uses_of(model) == links
+    verify_graph(model.graph)
+    with pytest.raises(RuntimeError, match="already open"):  # outside a savepoint, still one at a time
+        with Journal():
+            Journal().open()
+    assert not is_open()

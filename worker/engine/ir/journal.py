@@ -18,7 +18,11 @@ Changes are seen at three doors, so a pass needs no code of its own to be undoab
 
 The model's own fields (metadata, opset imports, functions) are saved when the journal opens: they are few.
 Values inside attributes and initializer arrays are immutable by contract (arrays are read-only) and are
-restored by reference. One journal is open at a time in a process (the engine runs one model per process).
+restored by reference. One journal is open at a time in a process (the engine runs one model per process),
+except inside a *savepoint* (``Journal(model, savepoint=True)``): a journal opened while one is open nests in
+it, and whatever the inner one saves the savepoint saves too (unless it already has, or made the object), so
+rolling the savepoint back undoes a whole run of passes, each of which had a journal of its own. Auto mixed
+precision builds the placement of one model many times so (``worker.engine.pinned_builds``).
 """
 from __future__ import annotations
 
@@ -109,8 +113,12 @@ def hooks():
 class Journal:
     """The undo log of one pass run; open it with ``with journal:`` (or ``open``/``close``)."""
 
-    def __init__(self, model: Any = None) -> None:
+    def __init__(self, model: Any = None, *, savepoint: bool = False) -> None:
         self.model = model
+        #: Journals may open inside this one (each pass of a run in a savepoint opens its own).
+        self.savepoint = savepoint
+        #: The savepoint this journal is open in, or None.
+        self.parent: "Journal | None" = None
         self._saved: dict[int, tuple[Any, tuple]] = {}
         #: Objects made while open, by id (kept alive so an id is never reused within the journal).
         self.new: dict[int, Any] = {}
@@ -126,6 +134,8 @@ class Journal:
         self._saved[key] = (obj, obj._journal_state())
         if getattr(obj, "_is_node", False):
             self.last_node = obj
+        if self.parent is not None:  # the state before this journal is the state before the savepoint too
+            self.parent.save(obj)
 
     @property
     def changed(self) -> int:
@@ -135,8 +145,9 @@ class Journal:
     # --- opening and closing ---------------------------------------------------------------------------
     def open(self) -> "Journal":
         global _active
-        if _active is not None:
+        if _active is not None and not _active.savepoint:
             raise RuntimeError("an edit journal is already open")
+        self.parent = _active
         if self.model is not None:
             self._model_state = _model_state(self.model)
         self._hooks = hooks()
@@ -148,7 +159,9 @@ class Journal:
         global _active
         if _active is not self:
             return
-        _active = None
+        _active = self.parent
+        if self.parent is not None:  # what was made in here did not exist when the savepoint opened
+            self.parent.new.update(self.new)
         self._hooks.__exit__(None, None, None)
 
     def __enter__(self) -> "Journal":

@@ -80,22 +80,38 @@ class PassManager:
         #: rewrote in the last iteration (two rewrites undoing each other, or one that never stops).
         self.unconverged: list[dict[str, Any]] = []
 
-    def run(self, ctx: PassContext, steps: Sequence[Step]) -> list[dict[str, Any]]:
-        """Run the steps in order; returns (and keeps in ``self.trace``) the trace entries."""
+    def run(self, ctx: PassContext, steps: Sequence[Step], *, start: int = 0,
+            stop: int | None = None) -> list[dict[str, Any]]:
+        """Run the steps in order; returns (and keeps in ``self.trace``) the trace entries.
+
+        ``start`` and ``stop`` run ``steps[start:stop]`` only, as part of the whole pipeline (the passes still
+        see all of it planned): a run that stops short leaves stale types for the rest, which a ``fork`` of
+        this manager runs from ``start=stop``."""
         names = pass_names(steps)
         self._order = {name: i for i, name in enumerate(names, start=1)}
-        ctx.planned_passes = (*ctx.planned_passes, *names)
+        if start == 0:
+            ctx.planned_passes = (*ctx.planned_passes, *names)
         for name in names:
             if name not in self.registry:
                 raise PassError(f"the pipeline names pass {name!r}, which is not registered")
         with journal_hooks():  # once per run: each pass opens a journal of its own
-            for step in steps:
+            for step in steps[start:stop]:
                 if isinstance(step, FixedPoint):
                     self._run_fixed_point(ctx, step)
                 else:
                     self._run_one(ctx, self.registry.get(step))
-            self._restore_types(ctx, None, None)  # the written model carries types too
+            if stop is None:
+                self._restore_types(ctx, None, None)  # the written model carries types too
         return self.trace
+
+    def fork(self) -> "PassManager":
+        """A manager that goes on from where this one stopped (its trace so far, stale analyses, failures), for
+        the rest of a pipeline run more than once on the same start (``run(start=...)``)."""
+        forked = PassManager(self.registry, self.instruments, self.progress)
+        forked.trace, forked._started = list(self.trace), self._started
+        forked._stale, forked.failures = dict(self._stale), list(self.failures)
+        forked.unconverged = list(self.unconverged)
+        return forked
 
     def _offset(self, moment: float) -> float:
         return round(moment - self._started, 6)
