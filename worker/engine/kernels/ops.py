@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from worker.engine.kernels.schema import SAME
 
-ACTIVATIONS = ("Relu", "Relu6", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Silu", "Gelu", "Tanh")
+ACTIVATIONS = ("Relu", "Relu6", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Silu", "Swish", "Gelu", "Tanh")
 
 #: The fused ops issue 3 emits in the project's domain, by base op.
 FUSED_BASES = ("FusedConv", "FusedConvTranspose", "FusedGemm", "FusedMatMul", "FusedAdd")

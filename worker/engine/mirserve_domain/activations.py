@@ -9,6 +9,7 @@ Names are the suffixes of the fused op names (``FusedConvRelu6``). Parameters ar
     HardSigmoid Clip(alpha * x + beta, 0, 1)
     HardSwish  HardSwish(x) from opset 14, x * HardSigmoid(x, 1/6, 1/2) before
     Silu       x * Sigmoid(x)
+    Swish      x * Sigmoid(alpha * x)           (opset 24's Swish; CLIP's quick_gelu is alpha 1.702)
     Gelu       x * 0.5 * (1 + Erf(x / sqrt(2))) (from opset 9; also from 20, see _gelu)
 """
 from __future__ import annotations
@@ -69,6 +70,13 @@ def _silu(body: BodyBuilder, x: str, out: str) -> None:
     body.op("Mul", [x, body.op("Sigmoid", [x])], out=out)
 
 
+def _swish(body: BodyBuilder, x: str, out: str) -> None:
+    # Written out even from opset 24, where Swish is an op, as Gelu is (onnxruntime and onnx.reference run
+    # the decomposition everywhere).
+    scaled = body.op("Mul", [x, body.float_attribute(ALPHA, x)])
+    body.op("Mul", [x, body.op("Sigmoid", [scaled])], out=out)
+
+
 def _gelu(body: BodyBuilder, x: str, out: str) -> None:
     # Even from opset 20, where Gelu is an op: onnx.reference implements it only as a context-dependent
     # function, which it cannot expand inside another function's body.
@@ -87,6 +95,7 @@ ACTIVATIONS: dict[str, Activation] = {a.name: a for a in (
     Activation("HardSigmoid", ((ALPHA, 0.2), (BETA, 0.5)), _hard_sigmoid),
     Activation("HardSwish", (), _hard_swish),
     Activation("Silu", (), _silu),
+    Activation("Swish", ((ALPHA, 1.0),), _swish),
     Activation("Gelu", (), _gelu),
     Activation("Tanh", (), _unary("Tanh")),
 )}

@@ -71,6 +71,23 @@ def test_hard_sigmoid_of_one_sixth_times_input_is_hard_swish(tmp_path):
     assert_same_results(tmp_path / "in.onnx", output, feeds())
 
 
+@pytest.mark.parametrize("scaled", [["y", "k"], ["k", "y"]])
+def test_input_times_sigmoid_of_a_scaled_input_is_swish_with_its_factor(tmp_path, scaled):
+    # CLIP's quick_gelu: y * sigmoid(1.702 * y), the factor on either side
+    nodes = [make("Mul", scaled, ["a"]), make("Sigmoid", ["a"], ["s"]), make("Mul", ["s", "y"], ["z"])]
+    output, _, counts = fused(tmp_path, conv_model(nodes, [scalar("k", 1.702)]))
+    assert counts == {"mirserve.FusedConvSwish": 1}
+    attrs = {a.name: helper.get_attribute_value(a) for a in onnx.load(str(output)).graph.node[0].attribute}
+    assert attrs["activation_alpha"] == pytest.approx(1.702)
+    assert_same_results(tmp_path / "in.onnx", output, feeds())
+
+
+def test_swish_whose_factor_is_not_one_number_is_refused(tmp_path):
+    nodes = [make("Mul", ["y", "k"], ["a"]), make("Sigmoid", ["a"], ["s"]), make("Mul", ["s", "y"], ["z"])]
+    per_channel = tensor("k", np.array([1.0, 1.5, 1.7, 2.0], np.float32).reshape(1, 4, 1, 1))
+    assert_refused(tmp_path, conv_model(nodes, [per_channel]), "the factor inside the Sigmoid is not one constant")
+
+
 @pytest.mark.parametrize("form", ["scale_first", "times_sixth"])
 def test_other_orders_of_the_decomposed_hard_swish(tmp_path, form):
     nodes = [make("Add", ["three", "y"], ["a"]), make("Clip", ["a", "lo", "hi"], ["c"])]

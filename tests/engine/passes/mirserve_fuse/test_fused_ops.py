@@ -55,6 +55,9 @@ def activation(kind: str, opset: int):
         return [make("Clip", ["y", "lo", "hi"], ["z"])], [scalar("lo", 0.0), scalar("hi", 6.0)]
     if kind == "Silu":
         return [make("Sigmoid", ["y"], ["s"]), make("Mul", ["y", "s"], ["z"])], []
+    if kind == "Swish":  # CLIP's quick_gelu: y * Sigmoid(1.702 * y)
+        return [make("Mul", ["y", "k"], ["a"]), make("Sigmoid", ["a"], ["s"]), make("Mul", ["y", "s"], ["z"])], \
+            [scalar("k", 1.702)]
     if kind == "HardSwish":  # paddle2onnx: y * Clip(y + 3, 0, 6) / 6
         clip = make("Clip", ["a"], ["clipped"], min=0.0, max=6.0) if opset < 11 \
             else make("Clip", ["a", "lo", "hi"], ["clipped"])

@@ -3,6 +3,7 @@
     Relu, Sigmoid, Tanh, HardSwish, LeakyRelu, HardSigmoid, Gelu (exact)   the op itself (mirserve.Gelu too)
     Clip(y, 0, 6) -> Relu6; Clip(y, 0, +inf) -> Relu                        other bounds are refused
     y * Sigmoid(y) -> Silu
+    y * Sigmoid(alpha * y) -> Swish(alpha)                                  CLIP's quick_gelu: alpha 1.702
     y * HardSigmoid(y, 1/6, 1/2) -> HardSwish                               other alpha/beta are refused
     y * Clip(y + 3, 0, 6) / 6 -> HardSwish      (the division also as * 1/6, before or after the product)
     y * 0.5 * (1 + Erf(y / sqrt(2))) -> Gelu    (the product in any order, / sqrt(2) also as * 1/sqrt(2),
@@ -159,6 +160,21 @@ def _silu(p: Pattern, y: VarPattern) -> VarPattern:
     return p.Mul(y, p.Sigmoid(y, key="gate"), key="product", out="out", commutative=True)
 
 
+def _swish(p: Pattern, y: VarPattern) -> VarPattern:
+    scaled = p.Mul(y, p.var("alpha").const(), key="scale", commutative=True)
+    return p.Mul(y, p.Sigmoid(scaled, key="gate"), key="product", out="out", commutative=True)
+
+
+def _read_swish(match: Match, opset: int) -> Params | str:
+    factor = match.value("alpha")
+    alpha, data = scalar(factor), factor.constant_value()
+    y = next(v for v in match.node("scale").inputs if v is not factor)
+    if alpha is None or data.size != 1 or y.rank is None or data.ndim > y.rank:
+        # a factor of higher rank than y would broadcast y to a larger shape than the activation keeps
+        return "the factor inside the Sigmoid is not one constant number of at most y's rank"
+    return {ALPHA: alpha}
+
+
 def _hard_swish_by_hard_sigmoid(p: Pattern, y: VarPattern) -> VarPattern:
     return p.Mul(y, p.HardSigmoid(y, key="gate"), key="product", out="out", commutative=True)
 
@@ -279,6 +295,7 @@ FORMS: tuple[Form, ...] = (
       for order in ("product_div", "product_mul", "clip_div", "clip_mul")),
     Form("hard_swish_hard_sigmoid", "HardSwish", _hard_swish_by_hard_sigmoid, _read_hard_swish_by_hard_sigmoid),
     Form("silu", "Silu", _silu, _no_params),
+    Form("swish", "Swish", _swish, _read_swish),
     *(Form(f"op_{_snake(op)}", op, _single(op), _no_params) for op in ("Relu", "Sigmoid", "Tanh", "HardSwish")),
     Form("op_leaky_relu", "LeakyRelu", _single("LeakyRelu"), _read_leaky_relu),
     Form("op_hard_sigmoid", "HardSigmoid", _single("HardSigmoid"), _read_hard_sigmoid),
