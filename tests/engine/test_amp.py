@@ -244,3 +244,28 @@ def test_the_fallback_runs_the_passes_before_kernel_pick_twice_not_once_per_step
     assert runs.count("support_check") == 2
     assert runs.count("static_kernel_pick") == 1 + report["precision_fallback"]["runs"] + (
         report["precision_fallback"]["steps"][-1]["passed"] is False)
+
+
+def test_kernel_pick_ranks_each_node_signature_once_over_all_the_builds(tmp_path, monkeypatch):
+    """The rankings of node facts and the fp16 range of each weight do not depend on the pins: the builds of
+    one search share them (``PassContext.memo``), and a build from the file starts without."""
+    from worker.engine.passes import get_pipeline
+    from worker.engine.passes.place import static_kernel_pick
+    from worker.engine.pinned_builds import PinnedBuilds
+
+    ranked, checked = [], []
+    rank, fits = static_kernel_pick.rank, static_kernel_pick.fits_fp16
+    monkeypatch.setattr(static_kernel_pick, "rank", lambda *a: ranked.append(a[1]) or rank(*a))
+    monkeypatch.setattr(static_kernel_pick, "fits_fp16", lambda a: checked.append(a) or fits(a))
+    source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
+    builds = PinnedBuilds(_loader(source), get_pipeline("default").steps_for(OptimizeOptions(places=PLACES)))
+    builds(["sub"])
+    first = len(ranked), len(checked)
+    assert first[0] > 0 and first[1] > 0
+    builds(["sub"])
+    assert (len(ranked), len(checked)) == first  # nothing new to rank, no weight to check again
+    builds([])  # only the signatures the other pins make (the greedy pick's inputs arrive otherwise)
+    shared = len(ranked) - first[0]
+    del ranked[:]
+    _pinned(source, set())  # a build from the file: its own context ranks everything
+    assert shared < len(ranked) / 4

@@ -149,6 +149,10 @@ class PassContext:
     #: The passes the manager was asked to run in this run, in order (a pass may ask whether a later one,
     #: such as kernel pick, will run; ``skip_reason`` says whether it would be skipped).
     planned_passes: tuple[str, ...] = ()
+    #: What a pass may keep between builds of one model from the same start (auto mixed precision's steps,
+    #: ``worker.engine.pinned_builds``, share it), by the pass's name: only what depends on nothing the builds
+    #: differ in (kernel pick's rankings of node facts, its fp16 range check of each weight).
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def graph(self) -> "Graph":

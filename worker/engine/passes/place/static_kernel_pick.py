@@ -275,7 +275,11 @@ def _options(ctx: PassContext) -> tuple[list[Node], list[list], dict]:
     current: dict[Value, tuple] = {}
     failures: dict[str, dict] = {}
     nodes, options = [], []
-    portable, fits, ranks, variants_memo = ctx.options.portable, {}, {}, {}
+    portable = ctx.options.portable
+    # pure functions of node facts (with this table and these places) and of weights: kept for the next build
+    memo = ctx.memo.setdefault("static_kernel_pick", {})
+    fits, ranks, variants_memo = (memo.setdefault((id(ctx.kernels), str(ctx.places), portable, kind), {})
+                                  for kind in ("fits", "ranks", "variants"))
     model = default_cost_model()
     for node in ctx.graph:
         facts = node_facts(node, node_opset(ctx.model.opset, node), current)
