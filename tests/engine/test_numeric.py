@@ -2,6 +2,8 @@
 when the input cannot run."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -107,3 +109,49 @@ def test_an_fp16_output_is_compared_at_fp16_resolution(tmp_path):
     assert verify(one, ulp, input_shapes={"x": [64]})["passed"] is True
     with pytest.raises(VerificationError, match="output 'y' differs"):
         verify(one, far, input_shapes={"x": [64]})
+
+
+def _verify_in_process(reference, candidate, **request):
+    """The child's side of ``verify``, run here (so a test can watch it), and the sessions it opened."""
+    from worker.engine import numeric
+
+    opened = []
+    session = numeric._session
+
+    def counting(source):
+        opened.append(source if isinstance(source, str) else "bytes")
+        return session(source)
+
+    full = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": 2, "rtol": 1e-4,
+            "atol": 1e-5, "seed": 0, "chunk_bytes": 0, "same_weights": None, "values": {}, "given": {},
+            "shape_sets": None, **request}
+    numeric._session = counting
+    try:
+        return json.loads(json.dumps(numeric._child(full))), opened  # as the caller reads it
+    finally:
+        numeric._session = session
+
+
+@pytest.mark.parametrize("shape_sets", [None, [{"x": [3, 4]}, {"x": [5, 4]}]], ids=["chosen", "given"])
+def test_the_reference_runs_once_for_many_candidates_with_a_file_for_its_outputs(tmp_path, shape_sets):
+    """``verify(expected=...)``: the first verification records the reference's outputs, the next ones read
+    them and neither load nor run the reference, with the same report as without the file; another request
+    (other draws) records again."""
+    reference = two_outputs(tmp_path, "ref.onnx", 2.0)
+    same, other = two_outputs(tmp_path, "same.onnx", 2.0), two_outputs(tmp_path, "other.onnx", 2.5)
+    recorded = str(tmp_path / "reference.npz")
+    for candidate in (same, other):
+        plain, opened = _verify_in_process(reference, candidate, shape_sets=shape_sets)
+        assert opened == [str(reference), str(candidate)]
+    first, opened = _verify_in_process(reference, same, shape_sets=shape_sets, expected=recorded)
+    assert opened == [str(reference), str(same)] and first["passed"] is True
+    for candidate in (same, other, same):
+        report, opened = _verify_in_process(reference, candidate, shape_sets=shape_sets, expected=recorded)
+        assert opened == [str(candidate)]  # no reference session
+        without, _ = _verify_in_process(reference, candidate, shape_sets=shape_sets)
+        assert report == without
+    assert report["passed"] is True and without["passed"] is True
+    failed, _ = _verify_in_process(reference, other, shape_sets=shape_sets, expected=recorded)
+    assert failed["passed"] is False and failed == _verify_in_process(reference, other, shape_sets=shape_sets)[0]
+    again, opened = _verify_in_process(reference, same, shape_sets=shape_sets, expected=recorded, seed=1)
+    assert opened == [str(reference), str(same)] and again["seed"] == 1  # other draws: recorded anew

@@ -335,7 +335,7 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
     """``amp.search`` over ``order`` where a step builds the model with the chosen items (``build(names)``:
     nodes kept in fp32, passes turned off) and verifies it against ``reference``; the outcome and the last
     build that verified (the search ends on it). As long as verification may take, spread over the steps.
-    A build need only stay valid until the next (``PinnedBuilds`` reuses one model): when a step that did
+    The reference runs at the first step only (``verify(expected=...)``). A build need only stay valid until the next (``PinnedBuilds`` reuses one model): when a step that did
     not verify came after it, the build that did is made again."""
     from worker.engine import amp
 
@@ -346,8 +346,8 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
         built["latest"] = (list(names), attempt)
         candidate = scratch / "trial.onnx"
         save_model(attempt[0], candidate)
-        try:
-            verify(str(reference), str(candidate), **verify_args)
+        try:  # the reference's outputs are the same at every step: run once, recorded in the scratch directory
+            verify(str(reference), str(candidate), expected=str(scratch / "reference.npz"), **verify_args)
         except VerificationError as exc:
             return False, str(exc)
         finally:

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from worker.engine import forkserver
 from worker.engine.errors import VerificationError
@@ -52,7 +52,7 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
            atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
            chunk_bytes: int = 0, mapped_bytes: int = 0, same_weights: Mapping[str, Sequence] | None = None,
-           shapes_checked: bool = True, values: Values | None = None) -> dict[str, Any]:
+           shapes_checked: bool = True, values: Values | None = None, expected: str | None = None) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -69,8 +69,14 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
     ``shapes_checked`` False says the ``shape_sets`` were not tried on the reference, so the whole-model path
     chooses its own. ``values`` (``sample_values.steering_values``) are the values of the inputs that steer
     the model: the runs (at least ``runs``) take each in turn, so each branch they choose is compared.
+
+    ``expected`` is a file for the reference's outputs, for a caller that verifies many candidates against
+    one reference (auto mixed precision's steps): the first verification writes them there, later ones with
+    the same reference, inputs and shapes read them instead of running the reference again (whole models
+    only; what it holds is checked against the request, and a file that does not match is written anew).
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
+               "expected": expected,
                "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
                "same_weights": None if same_weights is None else {k: list(v) for k, v in same_weights.items()},
                "shapes_checked": shapes_checked, "values": dict(values or {}),
@@ -536,14 +542,136 @@ def _first_choice(path: str, given: dict) -> dict:
         return {"error": str(exc)}
 
 
+class _Recorded:
+    """The reference's side of a verification as a file (``verify(expected=...)``): its inputs, output names,
+    chosen shapes and the outputs of each run, written by the first verification against it and played back
+    by the next, which then neither loads nor runs the reference. It stands in for the reference's session
+    where the verification uses one; its ``run`` answers the runs in the order they were recorded, and each
+    run's inputs must be the recorded ones (a digest of them is kept)."""
+
+    def __init__(self, request: dict, session=None):
+        self.key = _expected_key(request)
+        self.session = session
+        self.inputs, self.outputs, self.choice = [], [], None
+        self.runs: list[tuple[str, list]] = []  # (digest of the inputs, outputs)
+        self._next = 0
+        if session is not None:
+            self.inputs = [_Port(i.name, i.type, i.shape) for i in session.get_inputs()]
+            self.outputs = [_Port(o.name, o.type, o.shape) for o in session.get_outputs()]
+
+    def get_inputs(self) -> list:
+        return self.inputs
+
+    def get_outputs(self) -> list:
+        return self.outputs
+
+    def run(self, names, feeds) -> list:
+        digest = _digest(feeds)
+        if self.session is not None:  # recording
+            found = self.session.run(names, feeds)
+            self.runs.append((digest, found))
+            return found
+        recorded_digest, found = self.runs[self._next]
+        if recorded_digest != digest or list(names) != [o.name for o in self.outputs]:
+            raise _NotRecorded("the inputs differ from the recorded run's")
+        self._next += 1
+        return found
+
+    def save(self, path: str) -> None:
+        """Write what was recorded (nothing when an output is not an array of numbers, which npz cannot hold)."""
+        import numpy as np
+
+        if any(not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf" for _, found in self.runs for a in found):
+            return
+        meta = {"key": self.key, "inputs": [list(p) for p in self.inputs], "outputs": [list(p) for p in self.outputs],
+                "choice": self.choice, "digests": [d for d, _ in self.runs]}
+        arrays = {f"run{i}_{k}": a for i, (_, found) in enumerate(self.runs) for k, a in enumerate(found)}
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            np.savez(out, meta=np.array(json.dumps(meta)), **arrays)
+        os.replace(partial, path)
+
+    @classmethod
+    def load(cls, request: dict) -> "_Recorded | None":
+        """What the file holds, when it was recorded for this request; else None."""
+        import numpy as np
+
+        path = request.get("expected")
+        if not path or not os.path.exists(path):
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                if meta["key"] != _expected_key(request):
+                    return None
+                found = cls(request)
+                found.inputs = [_Port(*p) for p in meta["inputs"]]
+                found.outputs = [_Port(*p) for p in meta["outputs"]]
+                found.choice = meta["choice"]
+                found.runs = [(digest, [data[f"run{i}_{k}"] for k in range(len(found.outputs))])
+                              for i, digest in enumerate(meta["digests"])]
+        except (OSError, ValueError, KeyError):  # unreadable or another layout: recorded again
+            return None
+        return found
+
+
+class _NotRecorded(Exception):
+    """A verification asked the recorded reference for a run it does not hold."""
+
+
+class _Port(NamedTuple):
+    """An input or output of a session as verification reads it."""
+
+    name: str
+    type: str
+    shape: Any
+
+
+def _expected_key(request: dict) -> dict:
+    """What the reference's outputs depend on: the file as it is, the draws and the shapes."""
+    path = request["reference"]
+    stat = os.stat(path)
+    return {"reference": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            **{k: request.get(k) for k in ("runs", "seed", "values", "given", "shape_sets")}}
+
+
+def _digest(feeds: Mapping[str, Any]) -> str:
+    import hashlib
+
+    import numpy as np
+
+    hashed = hashlib.sha256()
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        hashed.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        hashed.update(array.tobytes())
+    return hashed.hexdigest()
+
+
 def _child_verify(request: dict) -> dict:
+    if request.get("expected") and not _CHUNK_BYTES:
+        recorded = _Recorded.load(request)
+        if recorded is not None:
+            try:
+                return _verify_with(recorded, request)
+            except _NotRecorded:
+                pass
+    return _verify_with(None, request)
+
+
+def _verify_with(recorded: "_Recorded | None", request: dict) -> dict:
+    """The verification, against the reference's recorded outputs when ``recorded`` is given; recording them
+    when the request asks for them and none were."""
     import numpy as np
 
     try:
-        reference = _session(_stored_in_fp16(request["reference"]))
+        reference = recorded or _session(_stored_in_fp16(request["reference"]))
     except Exception as exc:
         return {"passed": None, "skipped": f"onnxruntime cannot run the input model: {runtime_message(exc)}",
                 "outputs": [], "runs": 0}
+    recording = None
+    if recorded is None and request.get("expected") and not _CHUNK_BYTES:
+        recording = reference = _Recorded(request, reference)
     try:
         candidate = _session(_stored_in_fp16(request["candidate"]))
     except Exception as exc:
@@ -564,10 +692,18 @@ def _child_verify(request: dict) -> dict:
     values = request.get("values") or {}
     runs = max(request["runs"], runs_for(values))
     if shape_sets is None:
-        choice = _choose(reference, request["given"], request["seed"], steering=values)
+        if recorded is not None:
+            if recorded.choice is None:
+                raise _NotRecorded("no choice of shapes was recorded")
+            choice = recorded.choice
+        else:
+            choice = _choose(recording.session if recording is not None else reference, request["given"],
+                             request["seed"], steering=values)
         if choice.get("error"):
             return choice
         shape_sets = choice["shapes"]
+        if recording is not None:
+            recording.choice = choice
     names = [o.name for o in reference.get_outputs()]
     wanted = {i.name for i in candidate.get_inputs()}
     rtol, atol = request["rtol"], request["atol"]
@@ -578,6 +714,8 @@ def _child_verify(request: dict) -> dict:
             feeds = _feeds(reference, shapes, rng, values, run)
             try:
                 expected = reference.run(names, feeds)
+            except _NotRecorded:
+                raise
             except Exception as exc:
                 if _out_of_memory(exc, request):
                     return {"error": _out_of_memory(exc, request)}
@@ -602,6 +740,8 @@ def _child_verify(request: dict) -> dict:
     report["summary"] = f"verified on the whole model, max abs diff {_largest_diff(ordered)}"
     if choice is not None and choice["dims"]:
         report.update(dims=choice["dims"], roles=choice["roles"], tried=choice["tried"])
+    if recording is not None:
+        recording.save(request["expected"])
     return report
 
 
