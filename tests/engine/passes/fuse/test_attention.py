@@ -271,6 +271,55 @@ def test_a_run_time_float_mask_gets_its_lowest_values_lifted(tmp_path):
     assert out.node("Attention").inputs[3] is out.node("Where").outputs[0]
 
 
+def masked_fill_model(*, fill: float, form: str = "if_true", masks: int = 0, opset: int = 23, rows: int = S):
+    """Eager attention that masks by choosing, not adding: Where(b, fill, scores) after the scale and ``masks``
+    additive masks (torch's masked_fill: XLM, MPT; ``form`` "if_true"), or Where(b, scores, fill) (GPT-2's
+    eager causal mask, "if_false"); b is (B, 1, rows, S): a row per query, or a padding mask with ``rows`` 1."""
+    inputs = [f"float[{B}, {H}, {S}, {D}] q", f"float[{B}, {H}, {S}, {D}] k", f"float[{B}, {H}, {S}, {D}] v",
+              f"bool[{B}, 1, {rows}, {S}] b", *(f"float[{B}, 1, {S}, {S}] m{i}" for i in range(masks))]
+    lines, last = ["kt = Transpose <perm = [0, 1, 3, 2]> (k)", "s = MatMul (q, kt)", "sc = Mul (s, c)"], "sc"
+    for i in range(masks):
+        lines.append(f"a{i} = Add ({last}, m{i})")
+        last = f"a{i}"
+    lines.append(f"w = Where (b, fill, {last})" if form == "if_true" else f"w = Where (b, {last}, fill)")
+    lines += ["p = Softmax <axis = -1> (w)", "y = MatMul (p, v)"]
+    text = (f'<ir_version: 10, opset_import: ["" : {opset}]> g ({", ".join(inputs)}) => (float[{B}, {H}, {S}, {D}] y)'
+            " {\n" + "\n".join(lines) + "\n}")
+    model = parser.parse_model(text)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(0.35355, np.float32), "c"),
+                                    numpy_helper.from_array(np.array(fill, np.float32), "fill")])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("masks", [0, 1])
+@pytest.mark.parametrize("form", ["if_true", "if_false"])
+def test_a_lowest_masked_fill_becomes_the_ops_additive_mask(tmp_path, form, masks):
+    """Where(b, lowest, s) is s + Where(b, lowest, 0): the lowest float absorbs every score added to it, on rows
+    masked throughout too (the harness compares both on such a mask)."""
+    hidden = ~padded_rows() if form == "if_true" else padded_rows()  # the first query row sees no key
+    out = optimize(tmp_path, masked_fill_model(fill=float(LOWEST), form=form, masks=masks), [PASS, *CLEANUP],
+                   fixed={"b": hidden})
+    assert "Softmax" not in out.ops and out.ops.count("Attention") == 1 and len(out.node("Attention").inputs) == 4
+    assert out.ops.count("Add") == masks  # the additive mask and the fill's summed
+
+
+def test_an_infinite_masked_fill_becomes_a_mask_too(tmp_path):
+    visible = padded_rows()
+    visible[:, :, 0, 0] = True  # -inf on a row masked throughout is NaN in the chain, 0 in the op
+    out = optimize(tmp_path, masked_fill_model(fill=-np.inf, form="if_false"), [PASS, *CLEANUP],
+                   fixed={"b": visible})
+    assert out.ops == ["Attention"] and out.node("Attention").inputs[3].name == "b"  # BooleanMask took it
+
+
+def test_a_masked_fill_that_does_not_absorb_the_scores_is_refused(tmp_path):
+    """-1e9 (older models' fill): the op would see s - 1e9, whose spread over a row masked throughout is not
+    the chain's uniform row."""
+    out = optimize(tmp_path, masked_fill_model(fill=-1e9), [PASS, *CLEANUP])
+    assert "Attention" not in out.ops
+    assert out.refused("fills masked scores with -1e+09: only -inf, or in float32 a value at most -2**120")
+
+
 def test_a_scalar_score_bias_stays_out_of_the_op(tmp_path):
     """Adding one constant to every score (a score_mod) is no attn_mask onnxruntime takes (2-D to 4-D, a row
     per query): the chain stays, with the reason."""

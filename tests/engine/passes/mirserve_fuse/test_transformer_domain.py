@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.passes.fuse.harness import optimize
-from tests.engine.passes.fuse.test_attention import attention_model, sdpa_model
+from tests.engine.passes.fuse.test_attention import LOWEST, attention_model, masked_fill_model, padded_rows, sdpa_model
 from tests.engine.passes.fuse.test_gelu import erf_chain, tanh_chain
 from tests.engine.passes.fuse.test_rms_norm import rms_chain, floats, HIDDEN
 
@@ -61,6 +61,17 @@ def test_torch_sdpa_at_opset_18_becomes_the_domain_attention_with_the_guard_on_i
     out = optimize(tmp_path, sdpa_model(opset=18), [PASS])
     assert sorted(out.ops) == ["IsNaN", "ScaledDotProductAttention", "Transpose", "Where", "Where"]
     assert own(out, "ScaledDotProductAttention").attr("scale") == pytest.approx(8 ** -0.5)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_masked_fill_at_opset_17_becomes_the_domain_attention_with_a_padding_mask_too(tmp_path, rows):
+    """XLM's padding mask (B, 1, 1, keys) chooses the scores by Where: the domain op adds any mask that
+    broadcasts, so the padding mask goes in as Where(b, lowest, 0); the lowest absorbs the scores exactly."""
+    b = ~padded_rows()[:, :, :rows, :]
+    out = optimize(tmp_path, masked_fill_model(fill=float(LOWEST), masks=1, opset=17, rows=rows), [PASS],
+                   fixed={"b": b})
+    assert sorted(domain_ops(out)) == [("", "Add"), ("", "Transpose"), ("", "Where"),
+                                       ("mirserve", "ScaledDotProductAttention")]
 
 
 def test_grouped_query_attention_keeps_repeat_kv_in_front(tmp_path):

@@ -18,6 +18,15 @@ means by it. torch's scaled_dot_product_attention as the exporters decompose it 
 constant (their product is the scale) and guards the weights with Where(IsNaN(w), 0, w), which zeroes a row whose keys are all masked:
 the op's own result there (the spec's errata), so the guard goes in with the chain.
 
+    ... [+ mask] -> Where(b, fill, s) | Where(b, s, fill) -> Softmax ...
+                                              ->  Attention(.., [mask +] Where(b, fill, 0) | Where(b, 0, fill))
+
+Eager attention that masks by choosing (torch's masked_fill in XLM and MPT; GPT-2's eager causal Where): the
+choice is the scores plus a mask wherever the fill absorbs any score added to it (s + fill == fill): -inf,
+or in float32 / float64 a fill at most -2**120 (the lowest float, as the transformers library writes it),
+whose half ulp no score reaches; a row masked throughout gets the same weights too. Refused for other fills
+(-1e9, -10000, any finite fill in float16), each with a sentence.
+
     Attention(q, Transpose(Reshape(Transpose(Reshape(k, (n, s, d)), (0, 2, 1)), (b, h, d, s)), (0, 1, 3, 2)))
                                               ->  Attention(q, Reshape(k, (b, h, s, d)))     (no Reshape if k is)
 
@@ -257,8 +266,10 @@ class HeadsLayout(Rule):
 def attention_fuse(ctx: PassContext) -> PassResult:
     # The longest chains first, so a scale or mask goes into the op rather than staying before it.
     scales = ("split", "split_shared", "mul", "div", "none")
-    rules = [ScaledDotProduct(scale, masks, float_softmax, nan_guard) for nan_guard in (True, False)
-             for float_softmax in (True, False) for masks in (2, 1, 0) for scale in scales]
+    rules = [ScaledDotProduct(scale, masks, float_softmax, nan_guard, fill) for nan_guard in (True, False)
+             for float_softmax in (True, False)
+             for masks, fill in ((2, ""), *((m, f) for m in (1, 0) for f in ("if_true", "if_false", "")))
+             for scale in scales]
     # The cache before the causal mask: the op's causal triangle is offset by the cached keys, so a triangle is
     # only read as is_causal once the cache it is offset by is the op's past_key.
     inputs = [KeysThroughThreeDims(), RepeatKV(), PastKeyValues(), BooleanMask(), CausalMask(padded=True),

@@ -4,14 +4,14 @@ the same with its com.microsoft contrib ops, which only onnxruntime runs).
 
     Gelu chain (erf / tanh)         ->  mirserve.Gelu(x) / mirserve.GeluTanh(x)        (standard Gelu: opset 20)
     RMSNorm chain over the last axis ->  mirserve.RMSNorm(x, scale, epsilon)            (RMSNormalization: 23)
-    MatMul(q, kT) [* c] [+ mask]... Softmax, MatMul(., v)
+    MatMul(q, kT) [* c] [+ mask]... [Where(b, fill, .)] Softmax, MatMul(., v)
                                     ->  mirserve.ScaledDotProductAttention(q, kT, v, mask, scale)  (Attention: 23)
 
 The chains, and every precondition but the opset, are those of gelu_fuse, rms_norm_fuse and attention_fuse;
 a chain whose standard op the model may have is left to those passes (this one says nothing about it), and
 ``--target-opset`` still gives standard ops. The attention op takes the keys as transposed as the chain
-reads them and an additive mask (a zero scalar without one; two masks summed first), so its body is the
-chain itself; grouped-query repeat_kv stays in front of it. torch's scaled_dot_product_attention decomposed
+reads them and an additive mask (a zero scalar without one; two masks summed first; a masked_fill's choice
+as the mask Where(b, fill, 0), on attention_fuse's preconditions), so its body is the chain itself; grouped-query repeat_kv stays in front of it. torch's scaled_dot_product_attention decomposed
 (q and kT each scaled, the weights guarded by Where(IsNaN(w), 0, w)) becomes the op with the guard on its
 output: a row of weights all NaN (every key masked by -inf) is a row of the output all NaN, so both give 0
 there wherever the values are finite. RMSNorm normalizes over the last axis only.
@@ -34,7 +34,7 @@ from worker.engine.passes.support.mirserve_ops import emit_refusal
 from worker.engine.passes.support.normalization import scalar
 from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.standard_ops import standard_op_refusal
-from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct, broadcast
+from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct
 from worker.engine.passes.support.weights import numpy_dtype
 from worker.engine.pattern import Match, apply_rules, describe
 
@@ -106,8 +106,8 @@ class DomainRMSNorm(RMSNormChain):
 
 
 class DomainAttention(ScaledDotProduct):
-    def __init__(self, scale: str, masks: int, nan_guard: bool = False):
-        super().__init__(scale, masks, nan_guard=nan_guard)
+    def __init__(self, scale: str, masks: int, nan_guard: bool = False, fill: str = ""):
+        super().__init__(scale, masks, nan_guard=nan_guard, fill=fill)
         self.name = f"{self.name}_domain"
 
     def check(self, ctx: PassContext, match: Match):
@@ -115,13 +115,10 @@ class DomainAttention(ScaledDotProduct):
 
     def operands(self, match: Match, scale: float) -> tuple[list, dict]:
         q = match.value("q")
-        if self.masks == 2:
-            first, second = match.value("mask0"), match.value("mask1")
-            known = first.shape is not None and second.shape is not None
-            mask = constant_facts(first.dtype, broadcast(first.shape, second.shape), constant=False) if known \
-                else None
-        elif self.masks == 1:
+        if self.masks == 1 and not self.fill:
             mask = match.value("mask0")
+        elif self.masks or self.fill:  # made: the masks summed, a fill as a Where among them
+            mask = constant_facts(q.dtype, self.mask_shape(match), constant=False)
         else:
             mask = constant_facts(q.dtype, ())
         return [q, match.value("kt"), match.value("v"), mask], {"scale": float(scale)}
@@ -129,14 +126,8 @@ class DomainAttention(ScaledDotProduct):
     def rewrite(self, ctx: PassContext, match: Match, scale: float) -> list[Node]:
         graph, anchor, q = match.graph, match.node("pv"), match.value("q")
         created = []
-        if self.masks == 2:
-            masks = [match.value("mask0"), match.value("mask1")]
-            created.append(graph.add_node("Add", masks, outputs=1, name=f"{anchor.name}_mask", before=anchor))
-            mask = created[-1].outputs[0]
-            mask.dtype, mask.shape = masks[0].dtype, broadcast(masks[0].shape, masks[1].shape)
-        elif self.masks == 1:
-            mask = match.value("mask0")
-        else:
+        mask = self.mask_value(match, created)
+        if mask is None:
             mask = graph.add_initializer(f"{anchor.name}_no_mask", np.zeros((), numpy_dtype(q.dtype)))
         out = match.value("out")
         created.append(graph.add_node("ScaledDotProductAttention", [q, match.value("kt"), match.value("v"), mask],
@@ -159,6 +150,8 @@ def transformer_domain_fuse(ctx: PassContext) -> PassResult:
     rules = [DomainRMSNorm(square, inverse, has_scale) for has_scale in (True, False)
              for inverse in INVERSES for square in ("pow", "mul")]
     rules += [DomainGelu(form) for form in forms("gelu_erf", "gelu_tanh")]
-    rules += [DomainAttention(scale, masks, nan_guard) for nan_guard in (True, False) for masks in (2, 1, 0)
-              for scale in ("split", "split_shared", "mul", "div", "none")]
+    scales = ("split", "split_shared", "mul", "div", "none")
+    rules += [DomainAttention(scale, masks, nan_guard, fill) for nan_guard in (True, False)
+              for masks, fill in ((2, ""), *((m, f) for m in (1, 0) for f in ("if_true", "if_false", "")))
+              for scale in scales]
     return apply_rules(ctx, rules)

@@ -5,8 +5,9 @@ becomes) and its standard-op ``rewrite``. The pass modules document the forms an
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
-from worker.engine.ir import Node
+from worker.engine.ir import Node, Value
 from worker.engine.passes.base import PassContext
 from worker.engine.passes.support.activations import FormRule, Params
 from worker.engine.passes.support.normalization import affine_constant, normalized_axes, scalar, trailing_axis
@@ -140,13 +141,17 @@ class ScaledDotProduct(Rule):
     ``nan_guard``: the weights pass through Where(IsNaN(w), 0, w) (the same decomposition's zero rows where
     every key is masked, what the op computes there)."""
 
-    pattern_args = ("scale", "masks", "float_softmax", "nan_guard")
+    pattern_args = ("scale", "masks", "float_softmax", "nan_guard", "fill")
 
-    def __init__(self, scale: str, masks: int, float_softmax: bool = False, nan_guard: bool = False):
+    def __init__(self, scale: str, masks: int, float_softmax: bool = False, nan_guard: bool = False,
+                 fill: str = ""):
         super().__init__()
         self.scale, self.masks, self.float_softmax, self.nan_guard = scale, masks, float_softmax, nan_guard
+        #: "if_true": the scores pass through Where(cond, fill, s) after the masks (torch's masked_fill: XLM,
+        #: MPT); "if_false": Where(cond, s, fill) (GPT-2's eager causal mask); "": neither.
+        self.fill = fill
         self.name = (f"attention_{scale}_{masks}_masks{'_float_softmax' if float_softmax else ''}"
-                     f"{'_nan_guard' if nan_guard else ''}")
+                     f"{'_nan_guard' if nan_guard else ''}{f'_fill_{fill}' if fill else ''}")
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
@@ -162,6 +167,10 @@ class ScaledDotProduct(Rule):
                           commutative=self.scale == "mul")
         for i in range(self.masks):
             scores = p.Add(scores, p.var(f"mask{i}"), key=f"add{i}", commutative=True)
+        if self.fill == "if_true":
+            scores = p.Where(p.var("cond"), p.var("fill").const(), scores, key="masked_fill")
+        elif self.fill == "if_false":
+            scores = p.Where(p.var("cond"), scores, p.var("fill").const(), key="masked_fill")
         if self.float_softmax:  # a half-precision model's softmax in float32: Cast up, Softmax, Cast back
             weights = p.Cast(p.Softmax(p.Cast(scores, key="up", attrs={"to": 1}), key="softmax"), key="down")
         else:
@@ -183,11 +192,9 @@ class ScaledDotProduct(Rule):
         """The op's attn_mask is 2-D to 4-D with a row per query (onnxruntime's kernel broadcasts it over the
         batch and the heads only): a mask added to the scores any other way (a scalar bias, a padding row
         (..., 1, keys) of static shape) stays out of the op."""
-        if not self.masks:
+        shape = self.mask_shape(match)
+        if shape is None:
             return None
-        shape = tuple(match.value("mask0").shape)
-        if self.masks == 2:
-            shape = broadcast(shape, tuple(match.value("mask1").shape))
         queries = match.value("q").shape[2]
         rows = shape[-2] if len(shape) >= 2 else None
         # A symbolic row count is taken as the queries' (the Add gives the scores' shape, so it is 1 or that);
@@ -196,6 +203,60 @@ class ScaledDotProduct(Rule):
             return (f"the mask added to the scores of {describe(match.node('qk'))} has shape {list(shape)}, not a "
                     f"row per query ({queries}) in 2 to 4 dims as the Attention op's attn_mask")
         return None
+
+    def fill_refusal(self, match: Match) -> str | None:
+        """Why Where(cond, fill, s) is not the scores plus the mask Where(cond, fill, 0), or None. It is where
+        fill absorbs every score added to it (s + fill == fill): -inf, or in float32 and float64 a value at
+        most -2**120 (the lowest float, as torch's masked_fill writes it), whose half ulp, 2**96, no score
+        reaches; a masked row then has the same weights either way, a row masked throughout too."""
+        where, cond, fill = match.node("masked_fill"), match.value("cond"), match.value("fill")
+        value, data = scalar(fill), fill.constant_value()
+        if cond.dtype != TensorProto.BOOL or cond.shape is None or len(cond.shape) > 4:
+            return f"{describe(where)} does not choose by a boolean mask of rank 4 at most"
+        if value is None or data.size != 1 or fill.dtype != match.value("q").dtype:
+            return f"{describe(where)} does not fill with one constant of the scores' type"
+        if not (value == -np.inf or (fill.dtype in (TensorProto.FLOAT, TensorProto.DOUBLE) and value <= -2.0 ** 120)):
+            return (f"{describe(where)} fills masked scores with {value:g}: only -inf, or in float32 a value at "
+                    f"most -2**120, absorbs the score an additive mask would add it to")
+        return None
+
+    def mask_shape(self, match: Match) -> tuple | None:
+        """The shape of the op's one additive mask (the masks summed, a fill's condition among them), or None
+        without a mask."""
+        shapes = [tuple(match.value(f"mask{i}").shape) for i in range(self.masks)]
+        if self.fill:
+            shapes.append(tuple(match.value("cond").shape))
+        if not shapes:
+            return None
+        shape = shapes[0]
+        for other in shapes[1:]:
+            shape = broadcast(shape, other)
+        return shape
+
+    def mask_value(self, match: Match, created: list[Node]) -> Value | None:
+        """The op's one additive mask: the masks summed, a fill as Where(cond, fill, 0) (or Where(cond, 0,
+        fill)) among them; the nodes it takes are appended to ``created``. None without a mask."""
+        graph, anchor = match.graph, match.node("pv")
+        sources = [match.value(f"mask{i}") for i in range(self.masks)]
+        if self.fill:
+            fill, cond = match.value("fill"), match.value("cond")
+            zero = graph.add_initializer(f"{anchor.name}_unmasked", np.zeros((), numpy_dtype(fill.dtype)))
+            branches = [fill, zero] if self.fill == "if_true" else [zero, fill]
+            created.append(graph.add_node("Where", [cond, *branches], outputs=1, name=f"{anchor.name}_fill_mask",
+                                          before=anchor))
+            made = created[-1].outputs[0]
+            made.dtype, made.shape = fill.dtype, broadcast(tuple(cond.shape), tuple(fill.shape))
+            sources.append(made)
+        if not sources:
+            return None
+        total = sources[0]
+        for i, other in enumerate(sources[1:]):
+            created.append(graph.add_node("Add", [total, other], outputs=1, name=f"{anchor.name}_mask{i or ''}",
+                                          before=anchor))
+            made = created[-1].outputs[0]
+            made.dtype, made.shape = total.dtype, broadcast(tuple(total.shape), tuple(other.shape))
+            total = made
+        return total
 
     def plan(self, ctx: PassContext, match: Match) -> float | str:
         qk, q, kt, v = match.node("qk"), match.value("q"), match.value("kt"), match.value("v")
@@ -219,6 +280,10 @@ class ScaledDotProduct(Rule):
             mask = match.value(f"mask{i}")
             if mask.dtype != q.dtype or mask.shape is None or len(mask.shape) > 4:
                 return f"the mask {mask.name!r} is not a float tensor of rank 4 at most"
+        if self.fill:
+            refusal = self.fill_refusal(match)
+            if refusal:
+                return refusal
         if self.nan_guard and scalar(match.value("zero")) != 0.0:
             return f"{describe(match.node('guard'))} does not set the weights that are NaN to 0"
         if self.scale == "none":
@@ -242,14 +307,9 @@ class ScaledDotProduct(Rule):
         keys = created[0].outputs[0]
         keys.dtype, keys.shape = kt.dtype, (*kt.shape[:2], kt.shape[3], kt.shape[2])
         inputs = [match.value("q"), keys, match.value("v")]
-        if self.masks == 2:
-            masks = [match.value("mask0"), match.value("mask1")]
-            created.append(graph.add_node("Add", masks, outputs=1, name=f"{anchor.name}_mask", before=anchor))
-            total = created[-1].outputs[0]
-            total.dtype, total.shape = masks[0].dtype, broadcast(masks[0].shape, masks[1].shape)
-            inputs.append(total)
-        elif self.masks == 1:
-            inputs.append(match.value("mask0"))
+        mask = self.mask_value(match, created)
+        if mask is not None:
+            inputs.append(mask)
         precision = {"softmax_precision": 1} if self.float_softmax else {}
         created.append(graph.add_node("Attention", inputs, outputs=[match.value("out")], name=anchor.name,
                                       before=anchor, attributes={"scale": float(scale), **precision}))
