@@ -204,6 +204,8 @@ class RegionPlan:
         while True:
             produced = c_walk.produced | o_walk.produced
             bad = {s for s in c_walk.stops | o_walk.stops if s in produced or not self._drawable(s)}
+            if not bad and c_walk.stops != o_walk.stops:
+                bad = self._derived_stops(c_walk.stops | o_walk.stops)
             if not bad:
                 break
             blocked |= bad  # the walks read ``blocked``: each goes on through its own blocked stops
@@ -223,6 +225,32 @@ class RegionPlan:
         return Region(list(pairs), sorted(self.position[self.c][n] for n in c_nodes),
                       sorted(self.position[self.o][n] for n in o_nodes), sorted(c_walk.stops | o_walk.stops),
                       total, c_walk.produced | o_walk.produced)
+
+    def _derived_stops(self, stops: set[str]) -> set[str]:
+        """The stops the original computes from another stop of the same region. Boundaries are drawn one by
+        one, so such a pair gets values the original can never give it; where the two sides read different
+        stops, one side may read the source (a rewrite dropped the view ops between, torch's MultiheadAttention
+        keys read before their 4-D view) and the other the derived value, and their results differ on the draw
+        alone. Growing through the derived stop leaves the source as the one boundary both sides read."""
+        graph = self.o.graph
+        order = [graph.value(s).producer for s in stops if graph.value(s) is not None]
+        last = max((self.position[self.o][n] for n in order if n is not None), default=-1)
+        bit = {name: 1 << i for i, name in enumerate(sorted(stops))}
+        reached: dict[str, int] = dict(bit)  # value -> the stops it is computed from (a bit per stop)
+        derived = set()
+        for node in self.o.nodes[:last + 1]:
+            found = 0
+            for value in node.inputs:
+                if value is not None:
+                    found |= reached.get(value.name, 0)
+            if not found:
+                continue
+            for value in node.outputs:
+                own = bit.get(value.name, 0)
+                if own and found & ~own:
+                    derived.add(value.name)
+                reached[value.name] = found | own
+        return derived
 
     def _shared(self, name: str) -> bool:
         """Both graphs have a tensor of this name, of the same element type and a shape that agrees."""
