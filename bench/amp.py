@@ -140,6 +140,15 @@ class Runner:
         PassManager().run(ctx, self.steps)
         return ctx.model
 
+    def unchanged(self, pins, fewer) -> bool:
+        """The model built with ``fewer`` pins is the one built with ``pins`` (every node's kernel and place)."""
+        from worker.engine.api import _placement_of
+
+        key = frozenset(pins)
+        if getattr(self, "_placed", (None,))[0] != key:
+            self._placed = key, _placement_of(self.build(pins))  # the search asks about one set many times
+        return self._placed[1] == _placement_of(self.build(fewer))
+
     def saved(self, model) -> Path:
         from worker.engine.ir import save_model
 
@@ -200,11 +209,11 @@ def measure(name: str, model: onnx.ModelProto, places: str, whole: bool = False,
 
         save_model(first, first_path)
         started = time.perf_counter()
-        errors = value_errors(str(source), str(first_path), shapes=_shapes(model), rtol=runner.rtol,
-                              atol=runner.atol)
-        order = amp.rank(first.graph, errors)
+        errors, beyond = value_errors(str(source), str(first_path), shapes=_shapes(model), rtol=runner.rtol,
+                                      atol=runner.atol, with_range=True)
+        order = amp.rank(first.graph, errors, beyond)
         runner.runs = 0
-        outcome = amp.search(order, lambda pins: runner.trial(pins))
+        outcome = amp.search(order, lambda pins: runner.trial(pins), unchanged=runner.unchanged)
         ours = {"steps": runner.runs + 1, "seconds": time.perf_counter() - started,
                 "pinned": [r.node for r in outcome.pinned] if outcome.passed else None}
         if not baseline:

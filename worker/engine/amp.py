@@ -10,6 +10,15 @@ static_kernel_pick); each step rebuilds the model and verifies it (one runtime r
 pins are tried without, least ranked first (one by one when few, in halves when many), so no pinned node is
 there for nothing.
 
+Where fp16 fails nearly everywhere (weights that make values grow past fp16's range, as the light model zoo's
+constant weights do), the bisection and the unpinning would spend a step on almost every node (Inception v1:
+the 40-step cap, 68 of 83 nodes pinned). The traced run also says which values of the input model leave
+fp16's range; the nodes that read or write one rank first, as a block, and the first guess after pinning
+everything is that block alone. When it verifies, the bisection is over, and the block's pins are not
+unpinned by verification but by placement: a pin the plan does not need (a Concat between two pinned
+convolutions is placed in fp32 anyway) is one without which the model built is the same model, which takes a
+build and no verification (``unchanged``; by op type, within MAX_STEPS builds).
+
 onnxconverter-common's ``auto_mixed_precision`` bisects over the nodes in graph order, blind to where the
 error comes from; ``bench/amp.py`` measures both (steps, seconds, nodes pinned).
 """
@@ -17,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from worker.engine.ir import Graph, Node
 from worker.engine.passes.place.type_layout_cast import picked_name
@@ -39,6 +48,7 @@ class Ranked:
     op: str
     growth: float  # error made here, in tolerances (outputs' error less the inputs')
     error: float  # the error of its outputs, in tolerances
+    beyond_fp16: bool = False  # it reads or writes a value the input model has beyond fp16's range
 
 
 @dataclass
@@ -46,6 +56,8 @@ class Outcome:
     pinned: list[Ranked] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     passed: bool = False
+    #: Pins dropped because the model built without them is the same model (no verification needed).
+    unneeded: list[Ranked] = field(default_factory=list)
 
     @property
     def runs(self) -> int:
@@ -58,10 +70,18 @@ def fp16_nodes(graph: Graph) -> list[Node]:
             and n.pick.place.precision is Precision.FP16]
 
 
-def rank(graph: Graph, errors: dict[str, float]) -> list[Ranked]:
+def rank(graph: Graph, errors: dict[str, float], beyond: Collection[str] = ()) -> list[Ranked]:
     """The fp16 nodes, most error growth first; ties (and nodes whose outputs could not be compared: last)
-    in graph order."""
+    in graph order. Nodes that read or write a value named in ``beyond`` (the input model's values beyond
+    fp16's range) come first, in the same order among themselves."""
     memo: dict[str, float] = {}
+
+    def origin(value):
+        """The value a cast chain starts from (a cast's output is no value of the input model)."""
+        while value is not None and value.producer is not None and is_cast(value.producer) \
+                and value.producer.inputs:
+            value = value.producer.inputs[0]
+        return value
 
     def arrived(value) -> float:
         """The error a value carries: measured, or what the cast producing it was given."""
@@ -87,18 +107,28 @@ def rank(graph: Graph, errors: dict[str, float]) -> list[Ranked]:
         error = max(measured, default=0.0)
         growth = 0.0 if given >= NOT_FINITE else max(error - given, 0.0)
         op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
-        ranked.append((not measured, -growth, -error, index, Ranked(picked_name(node), op, growth, error)))
-    ranked.sort(key=lambda item: item[:4])
-    return [item[4] for item in ranked]
+        touched = {getattr(origin(v), "name", None) for v in (*node.inputs, *node.outputs) if v is not None}
+        out_of_range = bool(beyond) and not touched.isdisjoint(beyond)
+        ranked.append((not out_of_range, not measured, -growth, -error, index,
+                       Ranked(picked_name(node), op, growth, error, out_of_range)))
+    ranked.sort(key=lambda item: item[:5])
+    return [item[5] for item in ranked]
 
 
 Trial = Callable[[Sequence[str]], "tuple[bool, str]"]
+#: ``unchanged(pins, fewer)``: the model built with the pins ``fewer`` is the one built with ``pins``.
+Unchanged = Callable[[Sequence[str], Sequence[str]], bool]
 
 
-def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds: float | None = None) -> Outcome:
+def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds: float | None = None,
+           unchanged: Unchanged | None = None) -> Outcome:
     """The shortest prefix of ``order`` that verifies when pinned (``trial(names)`` -> passed, what it found),
     then each of its nodes tried without its pin (when ``prune``). Assumes pinning more never hurts. After
-    ``seconds`` (or MAX_STEPS steps) no new step starts: the set that verified last is kept."""
+    ``seconds`` (or MAX_STEPS steps) no new step starts: the set that verified last is kept.
+
+    The leading nodes that touch values beyond fp16's range (``Ranked.beyond_fp16``) are the first guess: when
+    pinning them verifies, they are kept but for the pins ``unchanged`` finds make no difference (by builds,
+    without verification), and only the nodes after them are bisected and unpinned."""
     outcome = Outcome()
     deadline = None if seconds is None else time.perf_counter() + seconds
 
@@ -122,6 +152,12 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds
     if not order or not attempt(order):
         return outcome
     low, high = 0, len(order)  # prefix low fails (the first build: no pins), prefix high passes
+    block = next((i for i, r in enumerate(order) if not r.beyond_fp16), len(order))
+    if block and prune and unchanged is not None:  # the first guess: the nodes beyond fp16's range
+        if block == len(order) or attempt(order[:block]):
+            low, high = block - 1, block
+        else:
+            low = block
     while high - low > 1 and not spent():
         middle = (low + high) // 2
         if attempt(order[:middle]):
@@ -129,10 +165,47 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds
         else:
             low = middle
     chosen = list(order[:high])
+    if block and prune and unchanged is not None:
+        kept = _needed_by_placement(chosen[:block], chosen, unchanged)
+        outcome.unneeded = [r for r in chosen[:block] if r not in kept]
+        fixed, chosen = kept, chosen[block:]
+    else:
+        fixed = []
     if prune and len(chosen) > 1:
-        chosen = _unpin(chosen, attempt, spent)
-    outcome.pinned, outcome.passed = chosen, True
+        chosen = _unpin(chosen, lambda pins: attempt([*fixed, *pins]), spent)
+    outcome.pinned, outcome.passed = [*fixed, *chosen], True
     return outcome
+
+
+def _needed_by_placement(candidates: list[Ranked], chosen: list[Ranked], unchanged: Unchanged) -> list[Ranked]:
+    """``candidates`` (part of ``chosen``) less the pins without which ``chosen`` builds the same model. The
+    pins go by op type, smallest groups first (the plan places a Concat or a pooling between pinned nodes in
+    fp32 of its own accord, and all of a type alike): a group whose pins all go without changing the model
+    goes, one that changes it is split, down to single pins, within MAX_STEPS builds. Builds only: the model
+    verified is the model kept."""
+    names = [r.node for r in chosen]
+    dropped: set[str] = set()
+    builds = 0
+
+    def visit(segment: list[Ranked]) -> None:
+        nonlocal builds
+        if builds >= MAX_STEPS:
+            return
+        builds += 1
+        without = {r.node for r in segment}
+        if unchanged(names, [n for n in names if n not in dropped and n not in without]):
+            dropped.update(without)
+        elif len(segment) > 1:
+            middle = len(segment) // 2
+            visit(segment[:middle])
+            visit(segment[middle:])
+
+    groups: dict[str, list[Ranked]] = {}
+    for item in reversed(candidates):  # least ranked first within a group
+        groups.setdefault(item.op, []).append(item)
+    for group in sorted(groups.values(), key=len):
+        visit(group)
+    return [r for r in candidates if r.node not in dropped]
 
 
 def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool],
@@ -172,6 +245,9 @@ def graph_order_search(graph_order: Sequence[Ranked], trial: Trial) -> Outcome:
 
 def describe(item: Ranked) -> str:
     """Why a node was pinned, as a sentence."""
+    if item.beyond_fp16:
+        return ("it reads or writes values beyond fp16's range (65504) in the input model: kept in fp32 with the "
+                "other nodes that do, as the placement needs it (not verified without it alone)")
     if item.growth >= NOT_FINITE:
         return "in fp16 its output leaves fp16's range (65504) or turns non-finite where the input model's does not"
     if item.growth > 0:

@@ -258,18 +258,19 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
         shape_sets = verify_args["shape_sets"]
         shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
         try:
-            errors = verify_errors(str(reference), str(first), shapes, verify_args)
+            errors, beyond = verify_errors(str(reference), str(first), shapes, verify_args)
         except VerificationError as exc:
             section["refusal"] = f"Auto mixed precision could not trace the error: {exc}"
             return section, None
-        order = amp.rank(model.graph, errors)
+        order = amp.rank(model.graph, errors, beyond)
         section["ranked"] = len(order)
         if not order:
             section["refusal"] = "No node computes in fp16, so auto mixed precision has nothing to move to fp32."
             return section, None
 
         outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
-    section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
+    section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3),
+                   placement_only=[r.node for r in outcome.unneeded])
     if not outcome.passed:
         section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "
                               f"places, and the output still does not verify: {outcome.steps[-1]['found']}"
@@ -340,10 +341,12 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
     from worker.engine import amp
 
     built: dict[str, Any] = {}
+    placements: dict[frozenset, tuple] = {}
 
     def trial(names) -> tuple[bool, str]:
         attempt = build(names)
         built["latest"] = (list(names), attempt)
+        placements[frozenset(names)] = _placement_of(attempt[0])
         candidate = scratch / "trial.onnx"
         save_model(attempt[0], candidate)
         try:  # the reference's outputs are the same at every step: run once, recorded in the scratch directory
@@ -355,19 +358,33 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
         built["verified"] = list(names)
         return True, "verified"
 
-    outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0))
+    def placement(names) -> tuple:
+        if frozenset(names) not in placements:
+            attempt = build(names)
+            built["latest"] = (list(names), attempt)
+            placements[frozenset(names)] = _placement_of(attempt[0])
+        return placements[frozenset(names)]
+
+    outcome = amp.search(order, trial, seconds=max(4 * float(verify_args["timeout"]), 60.0),
+                         unchanged=lambda pins, fewer: placement(pins) == placement(fewer))
     if "verified" not in built:
         return outcome, None
     names, attempt = built["latest"]
     return outcome, attempt if names == built["verified"] else build(built["verified"])
 
 
-def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> dict:
+def _placement_of(model) -> tuple:
+    """Every node of the main graph with its kernel and place: two builds that agree are the same model."""
+    return tuple((n.name, n.domain, n.op_type, tuple(sorted(n.metadata.items()))) for n in model.graph)
+
+
+def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> tuple:
+    """Each value's error (``numeric.value_errors``) and the input model's values beyond fp16's range."""
     from worker.engine.numeric import value_errors
 
     return value_errors(reference, candidate, shapes=shapes, rtol=verify_args["rtol"], atol=verify_args["atol"],
                         timeout=verify_args["timeout"], memory_mb=verify_args["memory_mb"],
-                        values=verify_args.get("values"))
+                        values=verify_args.get("values"), with_range=True)
 
 
 def _declared_shapes(model, given: Mapping[str, Any]) -> dict[str, list[int]]:

@@ -112,20 +112,26 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
 
 
 def value_errors(reference: str, candidate: str, *, shapes: Shapes, rtol: float, atol: float, seed: int = 0,
-                 timeout: float = 300, memory_mb: int = 0, values: Values | None = None) -> dict[str, float]:
+                 timeout: float = 300, memory_mb: int = 0, values: Values | None = None,
+                 with_range: bool = False) -> Any:
     """How far each value of the candidate's main graph is from the value of the same name in the reference,
     both run once on the same seeded inputs of ``shapes`` with every value as an output: the largest
     ``|candidate - reference| / (atol + rtol * |reference|)`` over its elements (1 is at the tolerance's edge;
     1e30 for a non-finite element where the reference has a finite one). An NHWC value (the reference's
     NCHW shape permuted) is compared transposed back; values that exist in one model only, or whose shapes
-    differ otherwise, are left out. Raises VerificationError when either model cannot run."""
+    differ otherwise, are left out. Raises VerificationError when either model cannot run. ``with_range``:
+    (errors, the names of the reference's values with a finite element beyond fp16's range)."""
     request = {"mode": "errors", "reference": str(reference), "candidate": str(candidate), "rtol": rtol,
                "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in shapes.items()},
                "values": dict(values or {})}
     answer = _run_child(request, timeout, memory_mb, "tracing the error of every value")
     if answer.get("error"):
         raise VerificationError(answer["error"])
-    return answer["errors"]
+    return (answer["errors"], set(answer["beyond_fp16"])) if with_range else answer["errors"]
+
+
+#: fp16's largest finite value.
+FP16_MAX = 65504.0
 
 
 #: An error for a value that is not finite where the reference's is (JSON has no infinity).
@@ -490,6 +496,8 @@ def _child_errors(request: dict) -> dict:
     except Exception as exc:
         return {"error": f"tracing the error of every value failed: {runtime_message(exc)}"}
     rtol, atol = request["rtol"], request["atol"]
+    beyond = [name for name, a in expected.items() if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.size
+              and float(np.max(np.abs(np.where(np.isfinite(a), a, 0)))) > FP16_MAX]
     errors = {}
     for name, b in actual.items():
         a = expected.get(name)
@@ -507,7 +515,7 @@ def _child_errors(request: dict) -> dict:
             ratio = diff / (atol + rtol * np.abs(np.where(np.isfinite(a64), a64, 0.0)))
         ratio = np.where(np.isfinite(ratio), ratio, NOT_FINITE_ERROR)
         errors[name] = float(min(ratio.max(), NOT_FINITE_ERROR))
-    return {"errors": errors}
+    return {"errors": errors, "beyond_fp16": beyond}
 
 
 def _ungenerated(session) -> str | None:
