@@ -336,8 +336,10 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
     """``amp.search`` over ``order`` where a step builds the model with the chosen items (``build(names)``:
     nodes kept in fp32, passes turned off) and verifies it against ``reference``; the outcome and the last
     build that verified (the search ends on it). As long as verification may take, spread over the steps.
-    The reference runs at the first step only (``verify(expected=...)``). A build need only stay valid until the next (``PinnedBuilds`` reuses one model): when a step that did
-    not verify came after it, the build that did is made again."""
+    The reference runs at the first step only (``verify(expected=...)``). A build need only stay valid until
+    the next (``PinnedBuilds`` reuses one model): when a step that did not verify came after it, the build
+    that did is made again. ``unchanged`` compares builds by every node's kernel and place (``_placement_of``),
+    each build's placement kept, so a set that verified is not built again to be compared."""
     from worker.engine import amp
 
     built: dict[str, Any] = {}
