@@ -130,6 +130,7 @@ def nhwc_slots(op: str, domain: str) -> tuple[tuple[int, ...], tuple[int, ...]] 
 TRANSFORMER_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Gelu": (("X",), ("Y",)), "GeluTanh": (("X",), ("Y",)), "RMSNorm": (("X", "scale"), ("Y",)),
     "ScaledDotProductAttention": (("Q", "KT", "V", "mask"), ("Y",)),
+    "MultiHeadAttention": (("Q", "K", "V", "mask"), ("Y",)),
     "AddLayerNormalization": (("A", "B", "scale", "bias"), ("Y",)),
     "AddLayerNormalizationWithSum": (("A", "B", "scale", "bias"), ("Y", "S")),
 }

@@ -15,6 +15,8 @@ For the same reason every input is always passed (a zero bias for a conv without
     RMSNorm(X, scale) -> Y                 epsilon: RMSNormalization (opset 23) over the last axis
     ScaledDotProductAttention(Q, KT, V, mask) -> Y
                                            scale: Attention (opset 23) with the keys transposed
+    MultiHeadAttention(Q, K, V, mask) -> Y num_heads, scale: the same over (batch, seq, heads * size) inputs
+                                           split into heads and the output joined back (Attention's 3-D form)
     AddLayerNormalization(A, B, scale, bias) -> Y
     AddLayerNormalizationWithSum(A, B, scale, bias) -> Y, S
                                            axis, epsilon, stash_type: LayerNormalization (opset 17) of A + B,
@@ -123,6 +125,10 @@ TRANSFORMER_OPS = {
     "ScaledDotProductAttention": (("Q", "KT", "V", "mask"), {"scale": A.FLOAT},
                                   "MatMul(Softmax(MatMul(Q, KT) * scale + mask, last axis), V): attention with "
                                   "the keys given transposed and an additive mask (zero for none)"),
+    "MultiHeadAttention": (("Q", "K", "V", "mask"), {"num_heads": A.INT, "scale": A.FLOAT},
+                           "ScaledDotProductAttention over Q, K, V (batch, seq, num_heads * size) split into "
+                           "heads, its output joined back into (batch, seq, num_heads * size): Attention of "
+                           "opset 23 in its 3-D form, with an additive mask (zero for none)"),
 }
 
 
@@ -146,11 +152,24 @@ def _transformer_body(name: str, body: BodyBuilder) -> None:
             mean = body.op("ReduceMean", [square], axes=[-1], keepdims=1)
         root = body.op("Sqrt", [body.op("Add", [mean, body.float_attribute("epsilon", "X")])])
         body.op("Mul", [body.op("Div", ["X", root]), "scale"], out="Y")
-    else:
-        scores = body.op("MatMul", ["Q", "KT"])
-        scaled = body.op("Mul", [scores, body.float_attribute("scale", "Q")])
-        weights = body.op("Softmax", [body.op("Add", [scaled, "mask"])], axis=-1)
-        body.op("MatMul", [weights, "V"], out="Y")
+    elif name == "ScaledDotProductAttention":
+        _attention_body(body, "Q", "KT", "V", "Y")
+    else:  # MultiHeadAttention: (batch, seq, heads * size) -> (batch, seq, heads, size), heads before seq
+        heads = body.int_attribute("num_heads", above="Q")
+        split = body.op("Concat", [body.constant(np.array([0, 0], dtype=np.int64)), heads,
+                                   body.constant(np.array([-1], dtype=np.int64))], axis=0)
+        q, k, v = (body.op("Transpose", [body.op("Reshape", [x, split])], perm=perm)
+                   for x, perm in (("Q", [0, 2, 1, 3]), ("K", [0, 2, 3, 1]), ("V", [0, 2, 1, 3])))
+        y = _attention_body(body, q, k, v)
+        joined = body.op("Transpose", [y], perm=[0, 2, 1, 3])
+        body.op("Reshape", [joined, body.constant(np.array([0, 0, -1], dtype=np.int64))], out="Y")
+
+
+def _attention_body(body: BodyBuilder, q: str, kt: str, v: str, out: str | None = None) -> str:
+    scores = body.op("MatMul", [q, kt])
+    scaled = body.op("Mul", [scores, body.float_attribute("scale", q)])
+    weights = body.op("Softmax", [body.op("Add", [scaled, "mask"])], axis=-1)
+    return body.op("MatMul", [weights, v], out=out)
 
 
 #: LayerNormalization of a residual sum, one kernel for the two ops (onnxruntime's contrib op for it is

@@ -3,10 +3,13 @@ become mirserve ops whose function bodies onnxruntime runs (outputs compared wit
 standard op is allowed the chain is left to the standard pass."""
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import pytest
 
 from tests.engine.passes.fuse.harness import optimize
-from tests.engine.passes.fuse.test_attention import LOWEST, attention_model, masked_fill_model, padded_rows, sdpa_model
+from tests.engine.passes.fuse.test_attention import (B, D, H, LOWEST, S, attention_model, masked_fill_model,
+                                                     padded_rows, sdpa_model)
 from tests.engine.passes.fuse.test_gelu import erf_chain, tanh_chain
 from tests.engine.passes.fuse.test_rms_norm import rms_chain, floats, HIDDEN
 
@@ -121,3 +124,51 @@ def test_a_gpu_run_keeps_the_chain_on_the_device(tmp_path):
 def test_a_cpu_target_sharing_the_hosts_memory_fuses(tmp_path):
     out = optimize(tmp_path, rms_chain(opset=18), [PASS], places="arm/fp32/nchw")
     assert domain_ops(out) == [("mirserve", "RMSNorm")]
+
+
+def heads_chain(*, kv_heads: int = H, out_shape=(0, 0, -1), out_type=None):
+    """BERT's attention at opset 17: q3, k3, v3 (B, S, heads * D) split into heads, the keys transposed for the
+    scores (0, 2, 3, 1), the chain written out, the heads joined back (or into ``out_shape``)."""
+    text = (f'<ir_version: 8, opset_import: ["" : 17]> g (float[{B}, {S}, {H * D}] q3, '
+            f'float[{B}, {S}, {kv_heads * D}] k3, float[{B}, {S}, {kv_heads * D}] v3, float[{B}, 1, {S}, {S}] m) '
+            f'=> (float[{out_type or f"{B}, {S}, {H * D}"}] y) {{\n'
+            "qr = Reshape (q3, qs)\nq = Transpose <perm = [0, 2, 1, 3]> (qr)\n"
+            "kr = Reshape (k3, ks)\nkt = Transpose <perm = [0, 2, 3, 1]> (kr)\n"
+            "vr = Reshape (v3, ks)\nv = Transpose <perm = [0, 2, 1, 3]> (vr)\n"
+            "s = MatMul (q, kt)\nsc = Mul (s, c)\na = Add (sc, m)\np = Softmax <axis = -1> (a)\no = MatMul (p, v)\n"
+            "t = Transpose <perm = [0, 2, 1, 3]> (o)\ny = Reshape (t, ys)\n}")
+    model = onnx.parser.parse_model(text)
+    inits = {"qs": np.array([0, 0, H, D], np.int64), "ks": np.array([0, 0, kv_heads, D], np.int64),
+             "ys": np.array(out_shape, np.int64), "c": np.array(0.35355, np.float32)}
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_heads_split_from_the_hidden_size_go_into_the_domain_multi_head_attention(tmp_path):
+    """8 nodes a layer (a Reshape and a Transpose for each of q, k, v and the output) go into the op, as
+    attention_fuse's 3-D Attention takes them from opset 23."""
+    out = optimize(tmp_path, heads_chain(), [PASS])
+    assert domain_ops(out) == [("mirserve", "MultiHeadAttention")]
+    node = own(out, "MultiHeadAttention")
+    assert [v.name for v in node.inputs] == ["q3", "k3", "v3", "m"]
+    assert (node.attr("num_heads"), node.attr("scale")) == (H, pytest.approx(0.35355))
+
+
+def test_heads_joined_into_another_shape_keep_one_reshape_after_the_domain_op(tmp_path):
+    out = optimize(tmp_path, heads_chain(out_shape=(B * S, H * D), out_type=f"{B * S}, {H * D}"), [PASS])
+    assert domain_ops(out) == [("mirserve", "MultiHeadAttention"), ("", "Reshape")]
+
+
+def test_fewer_key_heads_than_query_heads_keep_the_four_dimensional_op(tmp_path):
+    """Grouped-query keys, as many as the queries here only through a broadcasting MatMul: refused."""
+    out = optimize(tmp_path, heads_chain(kv_heads=1), [PASS])
+    assert "MultiHeadAttention" not in out.ops and "ScaledDotProductAttention" in out.ops
+    assert out.refused("reads fewer key or value heads than query heads")
+
+
+def test_a_multi_head_attention_arm_would_run_on_the_host_is_refused(tmp_path):
+    """ARM has no Reshape kernel (Paddle-Lite runs it on the host), so it derives no MultiHeadAttention: the
+    4-D op stays on arm rather than the whole attention going to the host."""
+    out = optimize(tmp_path, heads_chain(), [PASS], places="arm/fp32/nchw")
+    assert "ScaledDotProductAttention" in out.ops and "MultiHeadAttention" not in out.ops

@@ -86,7 +86,8 @@ from onnx import TensorProto
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
-from worker.engine.passes.support.attention_inputs import BooleanMask, CausalMask, KeysThroughThreeDims, PastKeyValues
+from worker.engine.passes.support.attention_inputs import (HEADS_PERM, BooleanMask, CausalMask, KeysThroughThreeDims,
+                                                           PastKeyValues, joins_heads, splits_heads)
 from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.transformer_chains import ScaledDotProduct, static4
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
@@ -159,40 +160,6 @@ class RepeatKV(Rule):
         attention.set_input(1, match.value("k"))
         attention.set_input(2, match.value("v"))
         return attention
-
-
-HEADS_PERM = [0, 2, 1, 3]
-
-
-def reshapes_to(reshape: Node, source: tuple, expected: list) -> bool:
-    """Whether the Reshape's constant shape gives ``expected``: each entry is the expected dim, a 0 copying the
-    source's dim there (without allowzero), or the one -1 (then the product fixes it to the expected dim)."""
-    new = int_list(reshape.input(1))
-    if new is None or len(new) != len(expected) or new.count(-1) > 1:
-        return False
-    copies = not reshape.attr("allowzero", 0)
-    return all(n == e or n == -1 or (n == 0 and copies and i < len(source) and source[i] == e)
-               for i, (n, e) in enumerate(zip(new, expected)))
-
-
-def splits_heads(reshape: Node, x, y) -> bool:
-    """Whether Reshape ``reshape`` turns x (batch, seq, heads * size) into y (batch, seq, heads, size)."""
-    if x.shape is None or y.shape is None or len(x.shape) != 3 or len(y.shape) != 4:
-        return False
-    heads, size = y.shape[2], y.shape[3]
-    if not (isinstance(heads, int) and isinstance(size, int) and x.shape[2] == heads * size):
-        return False
-    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads, size])
-
-
-def joins_heads(reshape: Node, x, y) -> bool:
-    """Whether Reshape ``reshape`` turns x (batch, seq, heads, size) into y (batch, seq, heads * size)."""
-    if x.shape is None or y.shape is None or len(x.shape) != 4 or len(y.shape) != 3:
-        return False
-    heads, size = x.shape[2], x.shape[3]
-    if not (isinstance(heads, int) and isinstance(size, int)):
-        return False
-    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads * size])
 
 
 class HeadsLayout(Rule):

@@ -6,6 +6,8 @@ the same with its com.microsoft contrib ops, which only onnxruntime runs).
     RMSNorm chain over the last axis ->  mirserve.RMSNorm(x, scale, epsilon)            (RMSNormalization: 23)
     MatMul(q, kT) [* c] [+ mask]... [Where(b, fill, .)] Softmax, MatMul(., v)
                                     ->  mirserve.ScaledDotProductAttention(q, kT, v, mask, scale)  (Attention: 23)
+    ScaledDotProductAttention(T(R(q3)), T'(R(k3)), T(R(v3)), mask) -> T -> R
+                                    ->  mirserve.MultiHeadAttention(q3, k3, v3, mask, num_heads, scale)
 
 The chains, and every precondition but the opset, are those of gelu_fuse, rms_norm_fuse and attention_fuse;
 a chain whose standard op the model may have is left to those passes (this one says nothing about it), and
@@ -29,14 +31,16 @@ from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
+from worker.engine.passes.support.attention_inputs import HEADS_PERM, joins_heads, splits_heads
 from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.mirserve_ops import emit_refusal
+from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.normalization import scalar
 from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.standard_ops import standard_op_refusal
 from worker.engine.passes.support.transformer_chains import INVERSES, GeluChain, RMSNormChain, ScaledDotProduct
 from worker.engine.passes.support.weights import numpy_dtype
-from worker.engine.pattern import Match, apply_rules, describe
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules, describe
 
 
 def _domain_check(rule, ctx: PassContext, match: Match, standard: str, since: int, op: str, dtype: int):
@@ -143,9 +147,79 @@ class DomainAttention(ScaledDotProduct):
         return created
 
 
+KEYS_PERM = [0, 2, 3, 1]  # (batch, seq, heads, size) -> (batch, heads, size, seq): the keys as the scores read them
+
+
+class DomainHeadsLayout(Rule):
+    """The domain attention over heads split out of (batch, seq, hidden) tensors and joined back takes them as
+    they are (attention_fuse's HeadsLayout, for the domain op: 8 nodes a layer).
+
+        ScaledDotProductAttention(T(R(q3)), T'(R(k3)), T(R(v3)), mask) -> T -> R
+                                            ->  MultiHeadAttention(q3, k3, v3, mask, num_heads, scale)
+
+    (R: Reshape (b, s, h * d) -> (b, s, h, d), T: Transpose (0, 2, 1, 3), T': Transpose (0, 2, 3, 1), the keys
+    transposed as the scores read them). The query, key and value heads must be as many (grouped-query
+    attention keeps repeat_kv in front of the 4-D op); a Reshape of the joined heads into another shape (GPT-2's
+    (batch * seq, hidden)) stays, reading the op's output."""
+
+    name = "attention_heads_layout_domain"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        inputs = [p.Transpose(p.Reshape(p.var(f"{w}3"), None, key=f"{w}_reshape"), key=f"{w}_transpose",
+                              attrs={"perm": KEYS_PERM if w == "k" else HEADS_PERM}) for w in "qkv"]
+        y4 = p.op("ScaledDotProductAttention", *inputs, p.var("mask"), key="attention", domain=DOMAIN)
+        p.Reshape(p.Transpose(y4, key="y_transpose", attrs={"perm": HEADS_PERM}), None, key="y_reshape", out="out")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> tuple[int, bool] | str:
+        for w in "qkv":
+            reshape = match.node(f"{w}_reshape")
+            if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
+                return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
+        heads = {match.node(f"{w}_reshape").outputs[0].shape[2] for w in "qkv"}
+        if len(heads) != 1:
+            return f"{describe(match.node('attention'))} reads fewer key or value heads than query heads"
+        y_reshape = match.node("y_reshape")
+        joined = y_reshape.inputs[0]
+        reshaped = joins_heads(y_reshape, joined, match.value("out"))
+        shape = int_list(y_reshape.input(1))
+        if not reshaped and (shape is None or 0 in shape or joined.shape is None or len(joined.shape) != 4 or
+                             not isinstance(joined.shape[2], int) or not isinstance(joined.shape[3], int)):
+            return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
+        attention, (num_heads,) = match.node("attention"), heads
+        q3 = match.value("q3")
+        refusal = emit_refusal(ctx, "MultiHeadAttention", q3.dtype) or off_device_refusal(ctx, "MultiHeadAttention")
+        if refusal:
+            return refusal
+        y = constant_facts(q3.dtype, (*joined.shape[:2], joined.shape[2] * joined.shape[3]), constant=False)
+        facts = planned_facts("MultiHeadAttention", DOMAIN, VERSION,
+                              [q3, match.value("k3"), match.value("v3"), match.value("mask")],
+                              [match.value("out") if reshaped else y],
+                              {"num_heads": num_heads, "scale": attention.attr("scale")}, attention.name)
+        return placement_refusal(ctx, facts, match.nodes) or (num_heads, reshaped)
+
+    def rewrite(self, ctx: PassContext, match: Match, plan: tuple[int, bool]) -> list[Node]:
+        num_heads, reshaped = plan
+        graph, attention, y_reshape = match.graph, match.node("attention"), match.node("y_reshape")
+        inputs = [match.value("q3"), match.value("k3"), match.value("v3"), match.value("mask")]
+        attributes = {"num_heads": num_heads, "scale": attention.attr("scale")}
+        out = match.value("out") if reshaped else f"{attention.name}_heads_joined"
+        fused = graph.add_node("MultiHeadAttention", inputs, outputs=[out], name=attention.name, domain=DOMAIN,
+                               before=attention, attributes=attributes)
+        if reshaped:
+            return [fused]
+        joined, y = y_reshape.inputs[0], fused.outputs[0]
+        y.dtype, y.shape = joined.dtype, (joined.shape[0], joined.shape[1], joined.shape[2] * joined.shape[3])
+        again = graph.add_node("Reshape", [y, y_reshape.inputs[1]], outputs=[match.value("out")],
+                               name=y_reshape.name, before=y_reshape)
+        return [fused, again]
+
+
 @register_pass(name="transformer_domain_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=2, portable=False,
                description="Gelu, RMSNorm and attention chains whose standard op needs a newer opset -> "
-                           "mirserve.Gelu / GeluTanh / RMSNorm / ScaledDotProductAttention")
+                           "mirserve.Gelu / GeluTanh / RMSNorm / ScaledDotProductAttention (MultiHeadAttention "
+                           "over heads split from the hidden size)")
 def transformer_domain_fuse(ctx: PassContext) -> PassResult:
     rules = [DomainRMSNorm(square, inverse, has_scale) for has_scale in (True, False)
              for inverse in INVERSES for square in ("pow", "mul")]
@@ -154,4 +228,4 @@ def transformer_domain_fuse(ctx: PassContext) -> PassResult:
     rules += [DomainAttention(scale, masks, nan_guard, fill) for nan_guard in (True, False)
               for masks, fill in ((2, ""), *((m, f) for m in (1, 0) for f in ("if_true", "if_false", "")))
               for scale in scales]
-    return apply_rules(ctx, rules)
+    return apply_rules(ctx, [*rules, DomainHeadsLayout()])

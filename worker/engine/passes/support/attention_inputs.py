@@ -8,9 +8,45 @@ import numpy as np
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext
 from worker.engine.passes.support.normalization import scalar
+from worker.engine.passes.support.operands import int_list
 from worker.engine.pattern import Match, Pattern, Rule, describe
 
 BOOL = 9  # TensorProto.BOOL
+
+
+#: (batch, seq, heads, size) <-> (batch, heads, seq, size): how attention splits heads out and joins them back
+HEADS_PERM = [0, 2, 1, 3]
+
+
+def reshapes_to(reshape: Node, source: tuple, expected: list) -> bool:
+    """Whether the Reshape's constant shape gives ``expected``: each entry is the expected dim, a 0 copying the
+    source's dim there (without allowzero), or the one -1 (then the product fixes it to the expected dim)."""
+    new = int_list(reshape.input(1))
+    if new is None or len(new) != len(expected) or new.count(-1) > 1:
+        return False
+    copies = not reshape.attr("allowzero", 0)
+    return all(n == e or n == -1 or (n == 0 and copies and i < len(source) and source[i] == e)
+               for i, (n, e) in enumerate(zip(new, expected)))
+
+
+def splits_heads(reshape: Node, x, y) -> bool:
+    """Whether Reshape ``reshape`` turns x (batch, seq, heads * size) into y (batch, seq, heads, size)."""
+    if x.shape is None or y.shape is None or len(x.shape) != 3 or len(y.shape) != 4:
+        return False
+    heads, size = y.shape[2], y.shape[3]
+    if not (isinstance(heads, int) and isinstance(size, int) and x.shape[2] == heads * size):
+        return False
+    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads, size])
+
+
+def joins_heads(reshape: Node, x, y) -> bool:
+    """Whether Reshape ``reshape`` turns x (batch, seq, heads, size) into y (batch, seq, heads * size)."""
+    if x.shape is None or y.shape is None or len(x.shape) != 4 or len(y.shape) != 3:
+        return False
+    heads, size = x.shape[2], x.shape[3]
+    if not (isinstance(heads, int) and isinstance(size, int)):
+        return False
+    return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads * size])
 
 
 def sequence_dim(value) -> int | str | None:
