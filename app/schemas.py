@@ -89,6 +89,13 @@ class PrecisionFallback(BaseModel):
     seconds: float | None = None
 
 
+class StorageFallback(BaseModel):
+    weights: list[str] = Field(description="weights kept in fp32 because the model did not verify with them "
+                                           "stored in fp16")
+    runs: int | None = Field(None, description="verification runs the storage fallback took to find them")
+    seconds: float | None = None
+
+
 class JobSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -121,6 +128,9 @@ class JobSummary(BaseModel):
     precision_fallback: PrecisionFallback | None = Field(
         None, description="auto mixed precision (option precision_fallback): with fp16 places, the fewest nodes "
                           "kept in fp32 for the output to verify; the report's precision_fallback says why each")
+    storage_fallback: StorageFallback | None = Field(
+        None, description="with option fp16_storage (and precision_fallback): the fewest weights kept in fp32 for "
+                          "the output to verify; the report's storage_fallback says why each")
     warnings: list[str] | None = Field(None, description="what the run went on despite: a pass that failed and "
                                                          "was undone (the trace has the details), a plugin that "
                                                          "failed to load, a skipped verification")

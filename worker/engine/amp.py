@@ -243,6 +243,48 @@ def graph_order_search(graph_order: Sequence[Ranked], trial: Trial) -> Outcome:
     return search(graph_order, trial, prune=False)
 
 
+def rank_weights(graph: Graph, stored: dict[str, str], errors: dict[str, float]) -> list[Ranked]:
+    """The weights fp16_storage stored (``stored``: each fp16 initializer's name -> the weight's), the most
+    error their readers add first: a reader's growth is the error of its outputs less the largest its other
+    inputs carry (read through the calib that widens the weight; ties in storing order). Ranked.node is the
+    weight's name, which ``PassContext.kept_fp32_weights`` takes."""
+    ranked = []
+    for index, (half_name, weight) in enumerate(stored.items()):
+        half = graph.initializers.get(half_name)
+        if half is None:
+            continue
+        widened, readers = {half.name}, []
+        frontier = [half]
+        while frontier:  # through the calibs to the nodes that compute with the weight
+            value = frontier.pop()
+            for node in value.consumers():
+                if is_cast(node):
+                    widened.update(v.name for v in node.outputs if v is not None)
+                    frontier.extend(v for v in node.outputs if v is not None)
+                else:
+                    readers.append(node)
+        growth = error = 0.0
+        for node in readers:
+            out = max((errors[v.name] for v in node.outputs if v is not None and v.name in errors), default=0.0)
+            given = max((errors[v.name] for v in node.inputs if v is not None and v.name not in widened
+                         and v.name in errors), default=0.0)
+            error = max(error, out)
+            growth = max(growth, 0.0 if given >= NOT_FINITE else out - given)
+        ranked.append((-growth, -error, index, Ranked(weight, "weight", growth, error)))
+    ranked.sort(key=lambda item: item[:3])
+    return [item[3] for item in ranked]
+
+
+def describe_weight(item: Ranked) -> str:
+    """Why a weight was kept in fp32, as a sentence."""
+    if item.growth >= NOT_FINITE:
+        return "stored in fp16 it turns a reader's output non-finite where the input model's is not"
+    if item.growth > 0:
+        return (f"the output verifies only with it in fp32 (stored in fp16 it adds {_fmt(item.growth)} x the "
+                f"verification tolerance to the error of a node reading it)")
+    return "its readers add no error of their own in fp16, but the output verifies only with it kept in fp32"
+
+
 def describe(item: Ranked) -> str:
     """Why a node was pinned, as a sentence."""
     if item.beyond_fp16:

@@ -158,13 +158,15 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                            else None, runs=options.verify_runs, rtol=rtol, atol=atol,
                            timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
 
-        def reload(run_options: OptimizeOptions, pinned=frozenset()) -> PassContext:
-            """The input loaded again, to be built under ``run_options`` (nodes named in ``pinned`` in fp32)."""
+        def reload(run_options: OptimizeOptions, pinned=frozenset(), kept=frozenset()) -> PassContext:
+            """The input loaded again, to be built under ``run_options`` (nodes named in ``pinned`` in fp32,
+            weights named in ``kept`` not stored in fp16)."""
             again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
                                target_opset=options.target_opset)
             apply_input_shapes(again.graph, options.input_shapes)
             rebuilt = PassContext(model=again, options=run_options, places=places, kernels=ctx.kernels,
-                                  input_bytes=input_bytes, pinned_fp32=frozenset(pinned))
+                                  input_bytes=input_bytes, pinned_fp32=frozenset(pinned),
+                                  kept_fp32_weights=frozenset(kept))
             rebuilt.sample_shapes = ctx.sample_shapes
             return rebuilt
 
@@ -188,6 +190,19 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
             pinned[1].report["precision_fallback"] = fallback
             return pinned
 
+        def _with_fp32_weights(exc: VerificationError) -> tuple:
+            if not amp_fits(input_bytes, limits):
+                raise VerificationError(f"{exc}. Finding the weights to keep in fp32 runs both models whole, and "
+                                        f"{input_bytes >> 20} MiB of weights leave too little of the "
+                                        f"verification's {limits.verify_memory_mb} MiB for that; leave out "
+                                        f"--fp16-storage, or raise --limit verify_memory_mb") from None
+            builds = PinnedBuilds(lambda names: reload(options, kept=names), steps, pins="kept_fp32_weights")
+            section, kept = storage_fallback(model, ctx, str(exc), reference, directory, builds, verify_args)
+            if kept is None:
+                raise VerificationError(f"{exc} {section['refusal']}") from None
+            kept[1].report["storage_fallback"] = section
+            return kept
+
         def _without_rewrites(exc: VerificationError) -> tuple:
             section, rebuilt = rewrite_fallback(
                 steps, str(exc), reference, directory,
@@ -205,6 +220,8 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
         except VerificationError as exc:
             if _falls_back(options, places, exc):
                 model, ctx, trace, manager = _with_fp32_nodes(exc)
+            elif _storage_falls_back(options, exc, ctx):
+                model, ctx, trace, manager = _with_fp32_weights(exc)
             elif _rewrites_fall_back(options, exc, cut) and amp_fits(input_bytes, limits):
                 model, ctx, trace, manager = _without_rewrites(exc)
             else:
@@ -284,6 +301,48 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
         place = str(node.pick.place) if node is not None and getattr(node, "pick", None) is not None else None
         section["nodes"].append({"node": item.node, "op": item.op, "place": place, "growth": _finite(item.growth),
                                  "error": _finite(item.error), "why": amp.describe(item)})
+    return section, rebuilt
+
+
+def _storage_falls_back(options: OptimizeOptions, exc: VerificationError, ctx: PassContext) -> bool:
+    """The storage fallback applies: asked for (precision_fallback), fp16_storage stored weights, the models
+    ran and differ."""
+    return (options.precision_fallback and options.fp16_storage and bool(ctx.stored_half)
+            and getattr(exc, "mismatch", None) is not None)
+
+
+def storage_fallback(model, ctx: PassContext, failure: str, reference: Path, directory: Path, build: Callable,
+                     verify_args: dict[str, Any]) -> tuple[dict[str, Any], tuple | None]:
+    """For a model whose weights fp16_storage stored in fp16 and that failed verification with ``failure``:
+    the fewest weights to keep in fp32 for the output to verify, and the model rebuilt so, or None (the
+    section's ``refusal`` says why). The search is auto mixed precision's (``amp.search``) over the stored
+    weights, ranked by the error the nodes reading each add to what they were given (one traced run of both
+    models, ``numeric.value_errors``): rounding a weight to fp16 is where a reader's error comes from."""
+    from worker.engine import amp
+
+    started = time.perf_counter()
+    section: dict[str, Any] = {"failure": failure, "weights": [], "runs": 0, "ranked": 0}
+    with tempfile.TemporaryDirectory(prefix=".mirserve-storage-", dir=directory) as scratch:
+        first = Path(scratch) / "stored.onnx"
+        save_model(model, first)
+        shape_sets = verify_args["shape_sets"]
+        shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
+        try:
+            errors, _ = verify_errors(str(reference), str(first), shapes, verify_args)
+        except VerificationError as exc:
+            section["refusal"] = f"The storage fallback could not trace the error: {exc}"
+            return section, None
+        order = amp.rank_weights(model.graph, ctx.stored_half, errors)
+        section["ranked"] = len(order)
+        outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
+    section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3))
+    if not outcome.passed:
+        section["refusal"] = (f"With all {len(order)} weights it stored in fp16 kept in fp32 the output still does "
+                              f"not verify: {outcome.steps[-1]['found']}" if outcome.steps
+                              else "The storage fallback found nothing to try.")
+        return section, None
+    section["weights"] = [{"weight": item.node, "growth": _finite(item.growth), "error": _finite(item.error),
+                           "why": amp.describe_weight(item)} for item in outcome.pinned]
     return section, rebuilt
 
 

@@ -349,6 +349,11 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
         line += (f"\nauto mixed precision: fp16 failed verification, so {len(fallback['nodes'])} node(s) compute "
                  f"in fp32 ({fallback['runs']} verification run(s) to find them):")
         line += "".join(f"\n  {n['node']} ({n['op']}) on {n['place']}: {n['why']}" for n in fallback["nodes"])
+    storage = report.get("storage_fallback")
+    if storage and storage.get("weights"):
+        line += (f"\nfp16 storage failed verification, so {len(storage['weights'])} weight(s) stay in fp32 "
+                 f"({storage['runs']} verification run(s) to find them):")
+        line += "".join(f"\n  {w['weight']}: {w['why']}" for w in storage["weights"])
     return line
 
 

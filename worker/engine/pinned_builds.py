@@ -35,9 +35,13 @@ class PinnedBuilds:
     """``build(pinned)`` -> (model, ctx, trace, manager): the model built with the nodes named in ``pinned``
     computing in fp32. A build stays valid until the next one (they share one model); the last one is kept."""
 
-    def __init__(self, load: Callable[[frozenset[str]], PassContext], steps: Sequence[Step]):
-        """``load(pinned)``: a new context of the model as loaded, with those pins."""
+    def __init__(self, load: Callable[[frozenset[str]], PassContext], steps: Sequence[Step],
+                 pins: str = "pinned_fp32"):
+        """``load(pinned)``: a new context of the model as loaded, with those pins. ``pins``: the context's
+        field the pins go in (``kept_fp32_weights`` for the storage fallback: fp16_storage, which reads them,
+        runs after kernel pick too)."""
         self._load, self._steps, self._split = load, tuple(steps), split_at(steps)
+        self._pins = pins
         self._start: tuple[PassContext, PassManager] | None = None
         self._last: Journal | None = None  # the savepoint of the last build, closed, to roll back
         #: Runs of the passes before kernel pick (once per builder when the pipeline splits).
@@ -55,7 +59,8 @@ class PinnedBuilds:
             self._last.rollback()
             self._last = None
         ctx = dataclasses.replace(start, report=copy.deepcopy(start.report), fetch_places=dict(start.fetch_places),
-                                  widened=set(start.widened), pinned_fp32=pinned)
+                                  widened=set(start.widened), stored_half=dict(start.stored_half),
+                                  **{self._pins: pinned})
         manager = start_manager.fork()
         savepoint = Journal(ctx.model, savepoint=True)
         with savepoint:

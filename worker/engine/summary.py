@@ -70,6 +70,7 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
         "cut": report.get("cut"),
         "placement": _placement(report.get("placement")),
         "precision_fallback": _precision_fallback(report.get("precision_fallback")),
+        "storage_fallback": _storage_fallback(report.get("storage_fallback")),
     }
 
 
@@ -79,6 +80,15 @@ def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | N
         return None
     return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
             "seconds": section.get("seconds")}
+
+
+def _storage_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The weights fp16_storage kept in fp32 after the output did not verify with them in fp16 (sorted names)
+    and the verification runs that took, or None."""
+    if not section:
+        return None
+    return {"weights": sorted(str(w.get("weight")) for w in section.get("weights") or []),
+            "runs": section.get("runs"), "seconds": section.get("seconds")}
 
 
 def _placement(plan: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -412,6 +422,11 @@ def _figures_table(summary: Mapping[str, Any]):
     if fallback:
         rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after fp16 failed verification "
                                      f"({fallback['runs']} verification run(s)): {', '.join(fallback['nodes'])}"])
+    storage = summary.get("storage_fallback")
+    if storage:
+        rows.append(["weights in fp32", f"{len(storage['weights'])} weight(s) kept after fp16 storage failed "
+                                        f"verification ({storage['runs']} verification run(s)): "
+                                        f"{', '.join(storage['weights'])}"])
     if summary.get("seconds") is not None:
         rows.append(["seconds", f"{summary['seconds']:.2f}"])
     return _table("figures", [("figure", "left"), ("value", "left")], rows)

@@ -128,7 +128,7 @@ class Report(BaseModel):
 
 #: The parts of the engine's readable summary a job row keeps (the figures above cover the rest).
 READABLE_PARTS = ("op_types", "nodes_per_place", "casts", "cast_bytes", "host_fallbacks", "memory_spaces",
-                  "placement", "warnings", "macs_unknown", "precision_fallback")
+                  "placement", "warnings", "macs_unknown", "precision_fallback", "storage_fallback")
 
 
 def _readable(summary: Any) -> dict[str, Any]:

@@ -142,6 +142,11 @@ class PassContext:
     #: Names of nodes that must not compute in fp16 (auto mixed precision pins them after verification failed
     #: in fp16): kernel pick drops their fp16 candidates, taking fp16 inputs in fp32 through a calib.
     pinned_fp32: frozenset[str] = frozenset()
+    #: Names of weights fp16_storage keeps in fp32 (its fallback keeps them after verification failed with
+    #: every weight stored in fp16).
+    kept_fp32_weights: frozenset[str] = frozenset()
+    #: What fp16_storage stored: each fp16 initializer's name -> the name of the fp32 weight it replaced.
+    stored_half: dict[str, str] = field(default_factory=dict)
     #: Names of values the input model declares fp16 that their kernel computes in fp32 (recorded by
     #: variable_place_inference as it changes their dtype): they hold what fp16 would have rounded, so a
     #: consumer whose result is no longer widened (a Cast, a comparison) reads them rounded to fp16 first.

@@ -7,7 +7,9 @@ Only weights that are data of a computation (inputs a kernel declares in its own
 as fp16; scales, regions of interest and other parameters keep their type. A consumer whose kernel needs
 fp32 reads the weight through one calib (per weight and target), so the file is about half the size while
 the kernels compute as before. A weight with finite values beyond fp16's range stays fp32 (fp16 would
-turn them into infinities). Runs only when the run asks for it (``fp16_storage``).
+turn them into infinities), as does one named in ``PassContext.kept_fp32_weights`` (the storage fallback's:
+after verification failed with every weight in fp16, the fewest weights kept in fp32 for the output to
+verify; ``worker.engine.api``). Runs only when the run asks for it (``fp16_storage``).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def store_half(ctx: PassContext, value: Value) -> int:
     """Replace one fp32 weight by its fp16 copy and a calib per consumer target; returns calibs made."""
     graph = ctx.graph
     half = graph.add_initializer(f"{value.name}_fp16", np.asarray(value.constant_value()).astype(np.float16))
+    ctx.stored_half[half.name] = value.name
     made: dict[str, Value] = {}
     for use in list(value.uses):
         node, slot = use.node, use.slot
@@ -81,10 +84,16 @@ def fp16_storage(ctx: PassContext) -> PassResult:
     graph = ctx.graph
     before = _float_bytes(graph)
     calibs = 0
+    kept = []
     for value in float_constants(graph):
+        if value.name in ctx.kept_fp32_weights:
+            kept.append(value.name)
+            continue
         calibs += store_half(ctx, value)
         result.rewrote()
     result.data.update(weight_bytes_before=before, weight_bytes_after=_float_bytes(graph), calibs=calibs)
+    if kept:
+        result.data["kept_fp32"] = kept
     return result
 
 
