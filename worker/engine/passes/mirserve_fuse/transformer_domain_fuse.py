@@ -9,18 +9,20 @@ the same with its com.microsoft contrib ops, which only onnxruntime runs).
     ScaledDotProductAttention(T(R(q3)), T'(R(k3)), T(R(v3)), mask) -> T -> R
                                     ->  mirserve.MultiHeadAttention(q3, k3, v3, mask, num_heads, scale)
 
-The chains, and every precondition but the opset, are those of gelu_fuse, rms_norm_fuse and attention_fuse;
-a chain whose standard op the model may have is left to those passes (this one says nothing about it), and
-``--target-opset`` still gives standard ops. The attention op takes the keys as transposed as the chain
-reads them and an additive mask (a zero scalar without one; two masks summed first; a masked_fill's choice
-as the mask Where(b, fill, 0), on attention_fuse's preconditions), so its body is the chain itself; grouped-query repeat_kv stays in front of it. torch's scaled_dot_product_attention decomposed
-(q and kT each scaled, the weights guarded by Where(IsNaN(w), 0, w)) becomes the op with the guard on its
-output: a row of weights all NaN (every key masked by -inf) is a row of the output all NaN, so both give 0
-there wherever the values are finite. RMSNorm normalizes over the last axis only.
-Level 2, skipped with --portable. Refused where the body cannot be written (opset below 13: Softmax over
-one axis), where no valid place has a kernel for the op, and where only places outside the first place's
-memory have one (a GPU run would copy the chain's data to the host fallback and back). Numeric effect: the body's ops in place of the chain's
-(x * x for Pow(x, 2), a division for a reciprocal times, a product by 1 / c for a division by c): last bits.
+The chains, and every precondition but the opset, are those of gelu_fuse, rms_norm_fuse and attention_fuse; a
+chain whose standard op the model may have is left to those passes (this one says nothing about it), and
+``--target-opset`` still gives standard ops. The attention op takes the keys as transposed as the chain reads
+them and an additive mask (a zero scalar without one; two masks summed first; a masked_fill's choice as the
+mask Where(b, fill, 0), on attention_fuse's preconditions), so its body is the chain itself; grouped-query
+repeat_kv stays in front of it. torch's scaled_dot_product_attention decomposed (q and kT each scaled, the
+weights guarded by Where(IsNaN(w), 0, w)) becomes the op with the guard on its output: a row of weights all
+NaN (every key masked by -inf) is a row of the output all NaN, so both give 0 there wherever the values are
+finite. RMSNorm normalizes over the last axis only.
+Level 2, skipped with --portable. Refused where the body cannot be written (opset below 13: Softmax over one
+axis), where no valid place has a kernel for the op, and where only places outside the first place's memory
+have one (a GPU run would copy the chain's data to the host fallback and back). Numeric effect: the body's ops
+in place of the chain's (x * x for Pow(x, 2), a division for a reciprocal times, a product by 1 / c for a
+division by c): last bits.
 """
 from __future__ import annotations
 
