@@ -270,12 +270,8 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
     started = time.perf_counter()
     section: dict[str, Any] = {"failure": failure, "nodes": [], "runs": 0, "ranked": 0}
     with tempfile.TemporaryDirectory(prefix=".mirserve-amp-", dir=directory) as scratch:
-        first = Path(scratch) / "fp16.onnx"
-        save_model(model, first)
-        shape_sets = verify_args["shape_sets"]
-        shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
         try:
-            errors, beyond = verify_errors(str(reference), str(first), shapes, verify_args)
+            errors, beyond = traced_errors(model, reference, Path(scratch) / "fp16.onnx", verify_args)
         except VerificationError as exc:
             section["refusal"] = f"Auto mixed precision could not trace the error: {exc}"
             return section, None
@@ -323,12 +319,8 @@ def storage_fallback(model, ctx: PassContext, failure: str, reference: Path, dir
     started = time.perf_counter()
     section: dict[str, Any] = {"failure": failure, "weights": [], "runs": 0, "ranked": 0}
     with tempfile.TemporaryDirectory(prefix=".mirserve-storage-", dir=directory) as scratch:
-        first = Path(scratch) / "stored.onnx"
-        save_model(model, first)
-        shape_sets = verify_args["shape_sets"]
-        shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
         try:
-            errors, _ = verify_errors(str(reference), str(first), shapes, verify_args)
+            errors, _ = traced_errors(model, reference, Path(scratch) / "stored.onnx", verify_args)
         except VerificationError as exc:
             section["refusal"] = f"The storage fallback could not trace the error: {exc}"
             return section, None
@@ -437,6 +429,15 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
 def _placement_of(model) -> tuple:
     """Every node of the main graph with its kernel and place: two builds that agree are the same model."""
     return tuple((n.name, n.domain, n.op_type, tuple(sorted(n.metadata.items()))) for n in model.graph)
+
+
+def traced_errors(model, reference: Path, path: Path, verify_args: dict) -> tuple:
+    """The built ``model`` saved at ``path`` and traced against ``reference`` at the first shapes verification
+    runs (``verify_errors``); raises VerificationError when the trace cannot run."""
+    save_model(model, path)
+    shape_sets = verify_args["shape_sets"]
+    shapes = shape_sets[0] if shape_sets else _declared_shapes(model, verify_args["input_shapes"])
+    return verify_errors(str(reference), str(path), shapes, verify_args)
 
 
 def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], verify_args: dict) -> tuple:
