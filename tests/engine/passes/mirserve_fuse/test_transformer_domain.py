@@ -172,3 +172,12 @@ def test_a_multi_head_attention_arm_would_run_on_the_host_is_refused(tmp_path):
     4-D op stays on arm rather than the whole attention going to the host."""
     out = optimize(tmp_path, heads_chain(), [PASS], places="arm/fp32/nchw")
     assert "ScaledDotProductAttention" in out.ops and "MultiHeadAttention" not in out.ops
+
+
+def test_a_multi_head_attention_only_the_fp16_place_runs_is_refused(tmp_path):
+    """opencl runs the op in fp16, but where its fp16 result fails auto mixed precision moves it to the fp32
+    places: arm has the 4-D op there and not this one (speech2text's decoder self-attention went to the host)."""
+    out = optimize(tmp_path, heads_chain(), [PASS], places="opencl/fp16/nchw,arm/fp32/nchw")
+    assert "ScaledDotProductAttention" in out.ops and "MultiHeadAttention" not in out.ops
+    assert out.refused("in fp32, where a node goes whose fp16 result fails, mirserve.MultiHeadAttention would run "
+                       "on host/fp32/nchw at best")

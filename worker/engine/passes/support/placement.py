@@ -19,7 +19,7 @@ from worker.engine.kernels.pick import NodeFacts, Pick, Scored, ValueFacts, plac
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.passes.support.nhwc import TO_NCHW, TO_NHWC
 from worker.engine.kernels.ops import nhwc_slots
-from worker.engine.places import (HOST, Layout, Place, Precision, dtype_of_precision, get_target,
+from worker.engine.places import (HOST, Layout, Place, Precision, ValidPlaces, dtype_of_precision, get_target,
                                   precision_of_dtype)
 
 if TYPE_CHECKING:
@@ -181,16 +181,19 @@ def place_score(scored: "Scored", places) -> float:
     return max(place_match(kernel, place) * places.weight(place) for place in places)
 
 
-def best_place(ctx: "PassContext", facts: NodeFacts) -> "tuple[float, str] | None":
-    """The best place score a node with these facts can get from this run's kernels, and that place; None
-    when no kernel of a valid place applies (or no tables are loaded)."""
+def best_place(ctx: "PassContext", facts: NodeFacts, places: "ValidPlaces | None" = None) \
+        -> "tuple[float, str] | None":
+    """The best place score a node with these facts can get from this run's kernels (among ``places``, by
+    default the run's), and that place; None when no kernel of a valid place applies (or no tables are
+    loaded)."""
     if ctx.kernels is None:
         return None
-    candidates = ctx.kernels.kernels(facts.op, facts.domain, opset=facts.opset, targets=ctx.places.targets)
-    scored, _ = rank(candidates, facts, ctx.places)
+    places = places or ctx.places
+    candidates = ctx.kernels.kernels(facts.op, facts.domain, opset=facts.opset, targets=places.targets)
+    scored, _ = rank(candidates, facts, places)
     best = None
     for item in scored:
-        score = place_score(item, ctx.places)
+        score = place_score(item, places)
         if best is None or score > best[0]:
             resolved = item.resolved
             best = (score, f"{item.kernel.target}/{resolved.precision.value}/{resolved.layout.value}")
@@ -217,6 +220,33 @@ def placement_refusal(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]"
     if mine[0] < score:
         return (f"{qualified} would run on {mine[1]} at best, while {node.op_type} {node.name} runs on "
                 f"{place}: the rewrite would lose placement")
+    return _fp32_refusal(ctx, new, replaced, qualified)
+
+
+def fp32_places(places: ValidPlaces) -> ValidPlaces | None:
+    """The places a node goes to when its half precision fails (auto mixed precision pins it to fp32): the
+    fp32 ones; None when no place is fp16."""
+    if not any(p.precision is Precision.FP16 for p in places):
+        return None
+    kept = tuple(p for p in places if p.precision in (Precision.FP32, Precision.ANY))
+    return ValidPlaces(kept, sum(1 for p in kept if places.index(p) < places.user_count)) if kept else None
+
+
+def _fp32_refusal(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]", qualified: str) -> str | None:
+    """placement_refusal's test again among the fp32 places, where a node whose fp16 result fails goes: a fused
+    op that only the fp16 place runs must not send such a node to the host where its chain had an fp32 place
+    (ARM runs mirserve.ScaledDotProductAttention, not MultiHeadAttention, whose Reshapes it leaves to the
+    host)."""
+    places = fp32_places(ctx.places)
+    kept = _best_replaced(ctx, replaced, places) if places is not None else None
+    if kept is None:
+        return None
+    mine = best_place(ctx, new, places)
+    node, (score, place) = kept
+    if mine is None or mine[0] < score:
+        at_best = f"on {mine[1]} at best" if mine is not None else "nowhere"
+        return (f"in fp32, where a node goes whose fp16 result fails, {qualified} would run {at_best}, while "
+                f"{node.op_type} {node.name} runs on {place}: the rewrite would lose placement")
     return None
 
 
@@ -237,11 +267,12 @@ def placement_gain(ctx: "PassContext", new: NodeFacts, replaced: "list[Node]") -
     return None
 
 
-def _best_replaced(ctx: "PassContext", replaced: "list[Node]") -> "tuple[Node, tuple[float, str]] | None":
+def _best_replaced(ctx: "PassContext", replaced: "list[Node]", places: "ValidPlaces | None" = None) \
+        -> "tuple[Node, tuple[float, str]] | None":
     """The replaced node whose best place scores highest, with that place; None when none has a place."""
     found = None
     for node in replaced:
-        theirs = best_place(ctx, node_facts(node, node_opset(ctx.opset, node)))
+        theirs = best_place(ctx, node_facts(node, node_opset(ctx.opset, node)), places)
         if theirs is not None and (found is None or theirs[0] > found[1][0]):
             found = (node, theirs)
     return found
