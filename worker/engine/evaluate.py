@@ -411,7 +411,8 @@ def _reshape(node, x, opset):
 
 @kernel("Flatten")
 def _flatten(node, x, opset):
-    axis = node.attr("axis", 1) % (x[0].ndim or 1) if x[0].ndim else 0
+    axis = node.attr("axis", 1)  # in [-rank, rank]: axis == rank puts every dim in the outer one
+    axis = axis + x[0].ndim if axis < 0 else axis
     outer = int(np.prod(x[0].shape[:axis], dtype=np.int64))
     return [x[0].reshape(outer, -1)]
 

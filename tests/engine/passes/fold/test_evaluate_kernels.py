@@ -27,6 +27,9 @@ CASES = [
     ("Mod", [I, NZ], {}), ("Mod", [F, np.float32(0.7)], {"fmod": 1}), ("Clip", [F, np.float32(-0.5), None], {}),
     ("Sum", [F, F, F], {}), ("Mean", [F, F * 2], {}), ("MatMul", [F, F.T.copy()], {}),
     ("CastLike", [F, np.zeros(1, np.int64)], {}),
+    # Flatten's axis runs to the rank (DETR flattens its (1, 64) mask at axis 2 into (64, 1)), and below 0
+    ("Flatten", [F], {"axis": 2}), ("Flatten", [F], {"axis": 0}), ("Flatten", [F], {"axis": -1}),
+    ("Flatten", [F[None]], {"axis": -3}),
 ]
 
 
