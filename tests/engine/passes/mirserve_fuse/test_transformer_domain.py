@@ -181,3 +181,20 @@ def test_a_multi_head_attention_only_the_fp16_place_runs_is_refused(tmp_path):
     assert "ScaledDotProductAttention" in out.ops and "MultiHeadAttention" not in out.ops
     assert out.refused("in fp32, where a node goes whose fp16 result fails, mirserve.MultiHeadAttention would run "
                        "on host/fp32/nchw at best")
+
+
+def test_an_attention_over_constants_alone_is_left_to_constant_folding(tmp_path):
+    """DETR's first decoder layer attends over its constant object queries: a mirserve op would keep the chain
+    for every inference (folding computes no other domain), so the chain stays for constant folding."""
+    model = attention_model(opset=18, masks=0)
+    graph = model.graph
+    rng = np.random.default_rng(0)
+    for value in list(graph.input):  # q, k and v become weights, q read through a Relu (computed, not a weight)
+        shape = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        name = "q0" if value.name == "q" else value.name
+        graph.initializer.append(onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name))
+    del graph.input[:]
+    graph.node.insert(0, onnx.helper.make_node("Relu", ["q0"], ["q"]))
+    out = optimize(tmp_path, model, [PASS])
+    assert "ScaledDotProductAttention" not in out.ops
+    assert out.refused("every input of the chain is computed from constants: constant folding computes it")

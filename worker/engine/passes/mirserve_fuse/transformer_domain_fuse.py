@@ -35,6 +35,7 @@ from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
 from worker.engine.passes.support.attention_inputs import HEADS_PERM, joins_heads, splits_heads
 from worker.engine.passes.support.casts import same_memory
+from worker.engine.passes.support.constants import computed_from_constants
 from worker.engine.passes.support.mirserve_ops import emit_refusal
 from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.normalization import scalar
@@ -50,6 +51,9 @@ def _domain_check(rule, ctx: PassContext, match: Match, standard: str, since: in
     must run on a place at least as good as the chain's nodes would get (no rewrite loses placement)."""
     if standard_op_refusal(ctx, standard, since) is None:
         return None
+    if computed_from_constants(match.nodes):
+        return (f"every input of the chain is computed from constants: constant folding computes it, and would "
+                f"not compute a {DOMAIN}.{op}")
     plan = emit_refusal(ctx, op, dtype) or off_device_refusal(ctx, op) or rule.plan(ctx, match)
     if plan is None or isinstance(plan, str):
         return plan

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.engine.ir import Graph, Value
+from worker.engine.evaluate import NONDETERMINISTIC
+from worker.engine.ir import Graph, Node, Value
 
 
 def add_constant(graph: Graph, base: str, array: np.ndarray) -> Value:
@@ -37,3 +38,29 @@ def hoist_initializer(value: Value, root: Graph) -> Value:
     home.remove_initializer(value)
     root.rename_value(moved, name)
     return moved
+
+
+#: How many producers computed_from_constants looks at before it answers no.
+WALK_LIMIT = 512
+
+
+def computed_from_constants(nodes: "list[Node]") -> bool:
+    """Whether every value ``nodes`` read from outside themselves is a constant or computed by deterministic
+    standard ops from constants alone, so that constant folding computes the nodes (DETR's first decoder layer
+    attends over its constant object queries). A fusion into an op of another domain, which folding leaves
+    alone, would keep such a chain to run at every inference."""
+    inside = {id(node) for node in nodes}
+    stack = [v for node in nodes for v in node.inputs if v is not None and id(v.producer) not in inside]
+    seen: set[int] = set()
+    while stack:
+        value = stack.pop()
+        if id(value) in seen or value.is_constant:
+            continue
+        seen.add(id(value))
+        producer = value.producer
+        if producer is None or producer.domain or producer.op_type in NONDETERMINISTIC or producer.subgraphs() \
+                or len(seen) > WALK_LIMIT:
+            return False
+        stack.extend(v for v in producer.inputs if v is not None)
+    return True
+
