@@ -312,6 +312,16 @@ def test_an_infinite_masked_fill_becomes_a_mask_too(tmp_path):
     assert out.ops == ["Attention"] and out.node("Attention").inputs[3].name == "b"  # BooleanMask took it
 
 
+def test_a_masked_fill_whose_mask_broadcasts_the_scores_is_refused(tmp_path):
+    """q, k and v of one sequence, a mask for two: the chain's output has two, the op's would have one."""
+    model = masked_fill_model(fill=float(LOWEST))
+    for value in model.graph.input[:3]:
+        value.type.tensor_type.shape.dim[0].dim_value = 1
+    out = optimize(tmp_path, model, [PASS, *CLEANUP])
+    assert "Attention" not in out.ops
+    assert out.refused("do not keep the shape of its scores (they broadcast them)")
+
+
 def test_a_masked_fill_that_does_not_absorb_the_scores_is_refused(tmp_path):
     """-1e9 (older models' fill): the op would see s - 1e9, whose spread over a row masked throughout is not
     the chain's uniform row."""

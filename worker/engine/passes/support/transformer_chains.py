@@ -128,6 +128,18 @@ def static4(value) -> tuple[int, int, int, int] | None:
     return tuple(shape)
 
 
+def _broadcasts(before, after) -> bool:
+    """Whether a value of shape ``after`` is provably larger than ``before``, from which it was computed by
+    broadcasting: more dims, a static dim that differs, or a dim of 1 grown (symbolic dims of other names may
+    be equal at run time: not provably larger)."""
+    if before is None or after is None:
+        return False
+    if len(after) != len(before):
+        return True
+    return any((isinstance(a, int) and isinstance(b, int) and a != b) or (b == 1 and a != 1)
+               for b, a in zip(before, after))
+
+
 def broadcast(a: tuple, b: tuple) -> tuple:
     """The shape of a + b (a dim of 1 gives way to the other; symbolic dims kept)."""
     a, b = (1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)
@@ -284,6 +296,8 @@ class ScaledDotProduct(Rule):
             refusal = self.fill_refusal(match)
             if refusal:
                 return refusal
+        if _broadcasts(match.node("qk").outputs[0].shape, match.node("softmax").inputs[0].shape):
+            return f"the masks of {describe(qk)} do not keep the shape of its scores (they broadcast them)"
         if self.nan_guard and scalar(match.value("zero")) != 0.0:
             return f"{describe(match.node('guard'))} does not set the weights that are NaN to 0"
         if self.scale == "none":
