@@ -41,10 +41,26 @@ def batch_reshape_model(shape_of="x", other_batch="n"):
                        tensor("twelve", np.array([12], np.int64))])
 
 
-def test_an_unknown_element_keeps_its_computation(tmp_path):
-    # x2's batch has another name: it need not be x's, so nothing is known about it
-    outcome = run(batch_reshape_model(shape_of="x2", other_batch="m"), STEP, tmp_path, typed=False)
-    assert outcome.ops == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape", "Relu", "Neg"]
+def test_one_unknown_element_of_a_reshape_becomes_minus_one(tmp_path):
+    """x2's batch has another name: it need not be x's, but it is the one dim the shape does not know, so the
+    element count fixes it (the view(batch, heads, s, d) of a (batch * heads, s, d) value with a dynamic batch:
+    torchvision's ViT exported with dynamic axes)."""
+    outcome = run(batch_reshape_model(shape_of="x2", other_batch="m"), STEP, tmp_path)
+    assert outcome.ops == ["Reshape", "Relu", "Neg"]
+    np.testing.assert_array_equal(outcome.model.graph.nodes_of_type("Reshape")[0].input(1).const, [-1, 12])
+    for n in (1, 3):  # the input model runs only where x2's batch is x's
+        feeds = {"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) - 5, "x2": np.zeros((n, 5), np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_two_unknown_elements_keep_their_computation(tmp_path):
+    # Reshape(x [n, 12], [m, k, 12]): two dims of another value, nothing fixes either
+    nodes = [helper.make_node("Shape", ["x2"], ["s"]), helper.make_node("Concat", ["s", "twelve"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", 12]), vinfo("x2", shape=["m", "k"])],
+                       [vinfo("y", shape=["m", "k", 12])], [tensor("twelve", np.array([12], np.int64))])
+    outcome = run(model, STEP, tmp_path, typed=False)
+    assert outcome.ops == ["Shape", "Concat", "Reshape"]
 
 
 def test_a_dim_of_another_value_with_the_same_name_is_copied_from_the_input(tmp_path):
@@ -79,7 +95,11 @@ def test_a_dim_copied_to_another_position_is_not_a_copy(tmp_path):
                        [tensor("zero1", np.array([0], np.int64)), tensor("one", np.array([1], np.int64)),
                         tensor("twelve", np.array([12], np.int64))])
     outcome = run(model, STEP, tmp_path)
-    assert outcome.ops == ["Shape", "Slice", "Concat", "Reshape"]
+    # nor a dim the shape does not know: the element count fixes it, as -1
+    assert outcome.ops == ["Reshape"]
+    np.testing.assert_array_equal(outcome.model.graph.nodes_of_type("Reshape")[0].input(1).const, [12, -1])
+    for n in (1, 3):
+        compare(outcome.before, outcome.after, feeds={"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4)})
 
 
 def test_static_shape_arithmetic_folds_entirely(tmp_path):

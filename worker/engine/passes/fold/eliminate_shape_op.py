@@ -12,7 +12,8 @@ computed it go away once unused. Constant folding takes the chain from there.
 
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
-Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion). Exact. A dim read
+Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion), and one dim known
+neither way gets -1 (the element count fixes it). Exact. A dim read
 off another value counts as x's when both carry the same name of the model's (``batch``: a dim_param names one
 value in the whole model); names onnx makes up (``unk__N``) are numbered afresh by each inference, so never.
 When that Reshape's output was not fully known, the pass leaves the types stale (it declares it may): the
@@ -264,15 +265,20 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     data, partial = reshape.input(0), known.get(reshape.input(1))
     if partial is None or partial.complete or partial.scalar or reshape.attr("allowzero", 0) != 0:
         return None
-    items = []
+    items: list[int | None] = []
     for position, item in enumerate(partial.items):
         if isinstance(item, DimOf) and _same_dim(item, data, position):
             items.append(0)
         elif isinstance(item, int):
             items.append(item)
         else:
-            return None
-    return np.array(items, dtype=np.int64)
+            items.append(None)
+    # one dim known neither offline nor as a dim of the input: the element count fixes it, as -1 (a dynamic
+    # batch joined with the heads, (batch * heads, s, d) -> (batch, heads, s, d)); the others must be positive
+    # or copied, so that their product is not 0 wherever the input has elements
+    if items.count(None) == 1 and all(i is None or i >= 0 for i in items):
+        items[items.index(None)] = -1
+    return np.array(items, dtype=np.int64) if None not in items else None
 
 
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
