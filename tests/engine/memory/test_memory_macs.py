@@ -129,6 +129,17 @@ def test_einsum_recurrent_and_attention():
     assert count is None and "no rule" in reason
 
 
+def test_the_own_multi_head_attention_counts_scores_and_weighted_sum_per_key():
+    """(batch 2, 5 queries, 4 heads x 8) against 7 keys of 2 kv heads x 8, values 2 x 6: scores 2*5*7*32, the
+    weighted sum 2*5*7*24 (its output (2, 5, 4 x 6))."""
+    shapes = [[2, 5, 32], [2, 7, 16], [2, 7, 12], [1]]
+    assert node_macs("MultiHeadAttention", "mirserve", shapes, [[2, 5, 24]], {"num_heads": 4}) == \
+        2 * 5 * 7 * 32 + 2 * 5 * 7 * 24
+    macs, why = count_macs("MultiHeadAttention", "mirserve", [[2, "s", 32], [2, 7, 16], [2, 7, 12], [1]],
+                           [[2, "s", 24]], {"num_heads": 4})
+    assert macs is None and "query" in why
+
+
 def test_every_op_of_every_kernel_table_has_a_rule():
     """Each op a table knows is counted, counts zero, or is unknown only for want of shapes or a rule."""
     no_rule = []

@@ -204,6 +204,16 @@ def _multi_head_attention(inputs, outputs, attributes, grouped: bool = False) ->
     return 2 * math.prod(out) * keys
 
 
+def _heads_layout_attention(inputs, outputs, attributes) -> int:
+    """mirserve.MultiHeadAttention: Q (batch, seq, heads * size) against K (batch, keys, kv_heads * size):
+    one MAC per query element per key for the scores, one per output element per key for the weighted sum
+    (its body splits the heads with a Reshape whose target shape inference cannot follow)."""
+    q, k, out = _shape(inputs, 0, "query"), _shape(inputs, 1, "key"), _out(outputs)
+    if len(q) != 3 or len(k) != 3:
+        raise Unknown("its query or key", f"of ranks {len(q)} and {len(k)}")
+    return (math.prod(q) + math.prod(out)) * k[1]
+
+
 Counter = Callable[[Sequence, Sequence, Mapping], int]
 
 #: Standard ops that do counted MACs; QLinear* forms keep the weight (or B) after the scale and zero point
@@ -239,6 +249,8 @@ CONTRIB_COUNTERS: dict[tuple[str, str], Counter] = {
     ("com.microsoft", "MultiHeadAttention"): _multi_head_attention,
     ("com.microsoft", "GroupQueryAttention"): lambda i, o, a: _multi_head_attention(i, o, a, grouped=True),
 }
+#: mirserve ops counted by a rule rather than through their function body.
+MIRSERVE_COUNTERS: dict[str, Counter] = {"MultiHeadAttention": _heads_layout_attention}
 #: Contrib ops that do no counted MACs (elementwise, normalization, quantization, data movement, pooling).
 CONTRIB_ZERO = frozenset({("com.microsoft", op) for op in (
     "BiasGelu", "BifurcationDetector", "CropAndResize", "DequantizeLinear", "DynamicTimeWarping",
@@ -290,6 +302,8 @@ def count_macs(op_type: str, domain: str, input_shapes: Sequence[Shape | None],
     try:
         if domain in ("", "ai.onnx") and op_type in STANDARD_COUNTERS:
             return STANDARD_COUNTERS[op_type](input_shapes, output_shapes, attributes), None
+        if domain == MIRSERVE and op_type in MIRSERVE_COUNTERS and not (functions and (domain, op_type) in functions):
+            return MIRSERVE_COUNTERS[op_type](input_shapes, output_shapes, attributes), None
         if (domain, op_type) in CONTRIB_COUNTERS:
             return CONTRIB_COUNTERS[(domain, op_type)](input_shapes, output_shapes, attributes), None
         if (domain, op_type) in CONTRIB_ZERO:
