@@ -20,7 +20,8 @@ cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``. Prints one line per export:
+[--third] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]`` (``--third``: the
+third sweep's batch alone, ``third_models``). Prints one line per export:
 its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
 if any failed).
 """
@@ -70,8 +71,9 @@ class Export:
     #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "causal" (input_ids
     #: alone: no padding, so sdpa attention asks torch for is_causal), "image"
     #: (pixel_values), "audio" (input_features), "waveform" (input_values: raw audio samples, 1x640),
-    #: "encoder" (an encoder-decoder model's encoder alone) or "seq2seq" (the whole encoder-decoder:
-    #: input_ids, attention_mask, decoder_input_ids).
+    #: "encoder" (an encoder-decoder model's encoder alone), "seq2seq" (the whole encoder-decoder:
+    #: input_ids, attention_mask, decoder_input_ids), "speech_seq2seq" (input_features 1x32x80, attention_mask,
+    #: decoder_input_ids) or "codec" (input_values: 1x1x640 raw audio).
     inputs: str = "text"
     #: The transformers attention implementation: "eager" (the arithmetic written out) or "sdpa".
     attention: str = "eager"
@@ -81,6 +83,8 @@ class Export:
     dynamic: bool = False
     #: The image side of "image" inputs (1x3xSxS).
     image_size: int = 32
+    #: The model output returned (its first output; the present cache follows when ``past``).
+    output: str = "last_hidden_state"
 
 
 def models(size: Size = SIZES["bench"]) -> dict[str, Export]:
@@ -254,8 +258,78 @@ def dynamic_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     return dynamic
 
 
+def third_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """The third sweep's batch (2026-11-26): attention variants the others lack (block-sparse and random
+    attention, relative attention with pooling, two-stream relative attention, soft-capped logits, QK norms,
+    multi-query, windowed attention with decomposed relative positions), detection-token and object-query
+    heads, a selective state-space scan, a speech encoder-decoder and a convolutional codec with an LSTM."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    head_dim = hidden // heads
+    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
+    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
+                  "eos_token_id": 0, "pad_token_id": 0}
+    vit_like = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "image_size": 32, "patch_size": 8}
+    return {
+        "dinov2": Export("Dinov2Config", "Dinov2Model", {**vit_like, "layerscale_value": 0.1}, inputs="image"),
+        "yolos": Export("YolosConfig", "YolosModel", {**vit_like, "image_size": [32, 32], "num_detection_tokens": 10},
+                        inputs="image"),
+        "detr": Export("DetrConfig", "DetrModel",
+                       {"use_timm_backbone": False, "use_pretrained_backbone": False,
+                        "backbone_config": {"model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 32],
+                                            "depths": [1, 1], "layer_type": "basic", "out_features": ["stage2"]},
+                        "d_model": hidden, "encoder_layers": layers, "decoder_layers": layers,
+                        "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+                        "encoder_ffn_dim": inter, "decoder_ffn_dim": inter, "num_queries": 10},
+                       inputs="image", image_size=64),
+        "sam_vision": Export("SamVisionConfig", "SamVisionModel",
+                             {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                              "mlp_dim": inter, "image_size": 64, "patch_size": 8, "output_channels": 32,
+                              "window_size": 4, "global_attn_indexes": [1]}, inputs="image", image_size=64),
+        "levit": Export("LevitConfig", "LevitModel",
+                        {"image_size": 64, "hidden_sizes": [32, 48, 64], "num_attention_heads": [1, 2, 4],
+                         "depths": [1, 1, 1], "key_dim": [8, 8, 8], "patch_size": 16},
+                        inputs="image", image_size=64),
+        "funnel": Export("FunnelConfig", "FunnelBaseModel",
+                         {"vocab_size": vocab, "block_sizes": [1, 1, 1], "d_model": hidden, "n_head": heads,
+                          "d_head": head_dim, "d_inner": inter}),
+        "big_bird": Export("BigBirdConfig", "BigBirdModel",
+                           {**bert_like, "attention_type": "block_sparse", "block_size": 2,
+                            "num_random_blocks": 1}),
+        "xlnet": Export("XLNetConfig", "XLNetModel",
+                        {"vocab_size": vocab, "d_model": hidden, "n_layer": layers, "n_head": heads,
+                         "d_inner": inter, "use_mems_eval": False}),
+        "gpt_bigcode": Export("GPTBigCodeConfig", "GPTBigCodeModel",
+                              {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads,
+                               "n_inner": inter, "n_positions": 64, "multi_query": True, "use_cache": False,
+                               "bos_token_id": 0, "eos_token_id": 0}, inputs="decoder"),
+        "stablelm": Export("StableLmConfig", "StableLmModel", llama_like, inputs="decoder"),
+        "olmo": Export("OlmoConfig", "OlmoModel", llama_like, inputs="decoder"),
+        "phi3": Export("Phi3Config", "Phi3Model", llama_like, inputs="decoder"),
+        "qwen3": Export("Qwen3Config", "Qwen3Model", {**llama_like, "head_dim": head_dim}, inputs="decoder"),
+        "gemma2": Export("Gemma2Config", "Gemma2Model",
+                         {**llama_like, "head_dim": head_dim, "attn_logit_softcapping": 50.0,
+                          "sliding_window": 8, "query_pre_attn_scalar": head_dim}, inputs="decoder"),
+        "mamba": Export("MambaConfig", "MambaModel",
+                        {"vocab_size": vocab, "hidden_size": hidden, "state_size": 8, "num_hidden_layers": layers,
+                         "expand": 2, "conv_kernel": 4, "use_cache": False}, inputs="causal"),
+        "speech2text": Export("Speech2TextConfig", "Speech2TextModel",
+                              {"vocab_size": vocab, "d_model": hidden, "encoder_layers": layers,
+                               "decoder_layers": layers, "encoder_attention_heads": heads,
+                               "decoder_attention_heads": heads, "encoder_ffn_dim": inter, "decoder_ffn_dim": inter,
+                               "max_source_positions": 64, "max_target_positions": 64,
+                               "input_feat_per_channel": 80, "conv_channels": 32, "decoder_start_token_id": 2},
+                              inputs="speech_seq2seq"),
+        "encodec": Export("EncodecConfig", "EncodecModel",
+                          {"num_filters": 8, "hidden_size": 32, "upsampling_ratios": [8, 4], "codebook_size": 64,
+                           "codebook_dim": 32, "num_lstm_layers": 1, "target_bandwidths": [3.0],
+                           "sampling_rate": 8000}, inputs="codec", output="audio_values"),
+    }
+
+
 def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
-    return {**models(size), **dynamic_models(size)}
+    return {**models(size), **dynamic_models(size), **third_models(size)}
 
 
 MODELS = every_model()
@@ -288,6 +362,12 @@ def build(name: str, size: Size = SIZES["bench"]):
         return model, {"pixel_values": torch.rand(1, 3, side, side, generator=generator)}
     if spec.inputs == "waveform":
         return model, {"input_values": torch.randn(1, 640, generator=generator)}
+    if spec.inputs == "codec":
+        return model, {"input_values": torch.randn(1, 1, 640, generator=generator)}
+    if spec.inputs == "speech_seq2seq":
+        return model, {"input_features": torch.randn(1, 32, config.input_feat_per_channel, generator=generator),
+                       "attention_mask": torch.ones(1, 32, dtype=torch.int64),
+                       "decoder_input_ids": torch.randint(3, size.vocab, (1, SEQUENCE // 2), generator=generator)}
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
         return model, {"input_features": torch.rand(1, config.num_mel_bins, frames, generator=generator)}
@@ -305,7 +385,7 @@ def build(name: str, size: Size = SIZES["bench"]):
     return model, inputs
 
 
-def _wrapped(model, names: list[str]):
+def _wrapped(model, names: list[str], output: str = "last_hidden_state"):
     """The model taking its inputs by position and returning its last hidden state (one plain output), then
     the present cache when it is given a past one (inputs past_key_<i>, past_value_<i>, in layer order)."""
     import torch
@@ -320,7 +400,7 @@ def _wrapped(model, names: list[str]):
             named = dict(zip(names, args))
             past = [named.pop(n) for n in names if n.startswith("past_")]
             if not past:
-                return self.model(**named, return_dict=True).last_hidden_state
+                return getattr(self.model(**named, return_dict=True), output)
             cache = transformers.DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])),
                                               config=self.model.config)
             out = self.model(**named, past_key_values=cache, use_cache=True, return_dict=True)
@@ -338,7 +418,7 @@ def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) ->
     import torch
 
     model, inputs = build(name, size)
-    wrapped = _wrapped(model, list(inputs))
+    wrapped = _wrapped(model, list(inputs), every_model(size)[name].output)
     args = tuple(inputs.values())
     path.parent.mkdir(parents=True, exist_ok=True)
     axes = {key: {0: "batch", 1: "sequence"} for key in inputs} if every_model(size)[name].dynamic else None
@@ -370,6 +450,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", choices=list(MODELS), help="export this model (repeatable)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
+    parser.add_argument("--third", action="store_true", help="only the third sweep's batch (third_models)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--size", choices=list(SIZES), default="bench",
                         help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
@@ -380,7 +461,7 @@ def main(argv=None) -> int:
         print("\n".join(MODELS))
         return 0
     failed = False
-    for name in args.only or MODELS:
+    for name in args.only or (third_models() if args.third else MODELS):
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"
             failed |= not export_and_report(path, lambda: export(name, exporter, path, SIZES[args.size]),

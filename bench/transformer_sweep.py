@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vision_exports  # noqa: E402
-from transformer_exports import EXPORTERS, MODELS, OUT  # noqa: E402  (imports no torch)
+from transformer_exports import EXPORTERS, MODELS, OUT, third_models  # noqa: E402  (imports no torch)
 
 REPO = vision_exports.REPO
 
@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
+    parser.add_argument("--third", action="store_true", help="only the third sweep's batch (third_models)")
     parser.add_argument("--config", action="append", choices=list(vision_exports.CONFIGS),
                         help="only this configuration")
     parser.add_argument("--exports", type=Path, default=OUT, help="the directory of the exports")
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table:
-        names, exporters = args.only or list(MODELS), args.exporter or list(EXPORTERS)
+        names = args.only or list(third_models() if args.third else MODELS)
+        exporters = args.exporter or list(EXPORTERS)
         models = [path for name in names for exporter in exporters
                   if (path := args.exports / f"{name}.{exporter}.onnx").exists()]
         vision_exports.sweep(models, args.config or list(vision_exports.CONFIGS), args.out, args.force,

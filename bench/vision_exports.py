@@ -16,7 +16,8 @@ Two steps, in two environments:
   inception_v3 at 80, maxvit_t and efficientformer_l1 at 224, ViT-style models at a 4x4 patch grid through
   ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
   inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
-  ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored); an existing file is kept
+  ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored; ``--third``: the third
+  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2); an existing file is kept
   unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
   failing (the run goes on; exit status 1 if any failed).
 
@@ -35,9 +36,10 @@ Two steps, in two environments:
   nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
 
 Usage:
-    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--exporter dynamo|torchscript]
-        [--out DIR] [--force] [--list]
-    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--exporter ...] [--config NAME ...] [--out DIR]
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third]
+        [--exporter dynamo|torchscript] [--out DIR] [--force] [--list]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third] [--exporter ...] [--config NAME ...]
+        [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
     .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
 """
@@ -75,16 +77,19 @@ class Arch:
     kwargs: dict = field(default_factory=dict)
     #: how the model is wrapped to one image in, one tensor out: "" none; "out" its dict's "out" (segmentation);
     #: "pair" a 1x6xHxW input split into two images, the last flow returned (RAFT, 3 updates); "detect" the
-    #: image batch as a list, the first image's boxes, scores and labels returned
+    #: image batch as a list, the first image's boxes, scores and labels returned; "keypoints" as "detect" with
+    #: the keypoints too; "reparam" timm's reparameterize_model (train-time branches merged, as deployed)
     wrap: str = ""
+    #: exported with a dynamic batch and image size (dynamic_axes / dynamic_shapes), traced at batch 2
+    dynamic: bool = False
 
 
-def _tv(builder, shape=(1, 3, 64, 64), wrap="", **kwargs):
-    return Arch("torchvision", builder, shape, kwargs, wrap)
+def _tv(builder, shape=(1, 3, 64, 64), wrap="", dynamic=False, **kwargs):
+    return Arch("torchvision", builder, shape, kwargs, wrap, dynamic)
 
 
-def _timm(builder, shape=(1, 3, 64, 64), **kwargs):
-    return Arch("timm", builder, shape, kwargs)
+def _timm(builder, shape=(1, 3, 64, 64), wrap="", dynamic=False, **kwargs):
+    return Arch("timm", builder, shape, kwargs, wrap, dynamic)
 
 
 #: name -> architecture. The name is prefixed with its library, the timm ones' builder names kept.
@@ -164,6 +169,38 @@ MODELS: dict[str, Arch] = {
     "timm_tresnet_m": _timm("tresnet_m"),  # space-to-depth, anti-aliased downsampling
 }
 
+#: the third batch (2026-11-26): detection postprocess, dynamic input dims, video, reparameterized blocks,
+#: families the first two did not cover; `--third` selects it
+THIRD: dict[str, Arch] = {
+    "tv_mobilenet_v3_small": _tv("mobilenet_v3_small"),
+    "tv_regnet_x_400mf": _tv("regnet_x_400mf"),
+    "tv_lraspp_mobilenet_v3_large": _tv("segmentation.lraspp_mobilenet_v3_large", wrap="out",
+                                        weights_backbone=None),  # sigmoid gate over a global pool, Resize
+    "tv_deeplabv3_resnet50": _tv("segmentation.deeplabv3_resnet50", wrap="out", weights_backbone=None,
+                                 aux_loss=False),  # dilated ResNet, ASPP
+    "tv_fcos_resnet50_fpn": _tv("detection.fcos_resnet50_fpn", (1, 3, 128, 128), wrap="detect",
+                                weights_backbone=None, min_size=128, max_size=128),  # centerness, topk, NMS
+    "tv_keypointrcnn_resnet50_fpn": _tv("detection.keypointrcnn_resnet50_fpn", (1, 3, 128, 128),
+                                        wrap="keypoints", weights_backbone=None, min_size=128, max_size=128),
+    "tv_s3d": _tv("video.s3d", (1, 3, 16, 224, 224)),  # separable 3D convolutions; a fixed 2x7x7 final pool
+    "tv_mvit_v2_s": _tv("video.mvit_v2_s", (1, 3, 16, 224, 224)),  # pooled attention, rel. pos, fixed size
+    "tv_vit_b_16_dynamic": _tv("vit_b_16", (2, 3, 64, 64), dynamic=True, image_size=64),  # batch dynamic
+    "tv_resnet18_dynamic": _tv("resnet18", (2, 3, 64, 64), dynamic=True),  # batch, height, width dynamic
+    "timm_nest_tiny": _timm("nest_tiny", img_size=64),  # nested blocks, block aggregation
+    "timm_twins_svt_small": _timm("twins_svt_small"),  # locally-grouped + global sub-sampled attention
+    "timm_convmixer_768_32": _timm("convmixer_768_32"),  # depthwise 7x7 GELU mixer, residuals
+    "timm_visformer_tiny": _timm("visformer_tiny", (1, 3, 224, 224)),  # conv + attention stages, BN in attn
+    "timm_res2net50_26w_4s": _timm("res2net50_26w_4s"),  # hierarchical splits, Split + Concat per block
+    "timm_selecsls42b": _timm("selecsls42b"),  # selective concatenation
+    "timm_dpn68": _timm("dpn68"),  # dual paths: Slice + Add + Concat
+    "timm_inception_next_tiny": _timm("inception_next_tiny"),  # band depthwise kernels on channel splits
+    "timm_mambaout_femto": _timm("mambaout_femto"),  # gated CNN blocks, NHWC linear
+    "timm_fastvit_t8_reparam": _timm("fastvit_t8", wrap="reparam"),  # as deployed: branches merged
+    "timm_mobileone_s0_reparam": _timm("mobileone_s0", wrap="reparam"),
+    "timm_vit_tiny_dynamic": _timm("vit_tiny_patch16_224", (2, 3, 64, 64), dynamic=True, img_size=64),
+}
+MODELS.update(THIRD)
+
 
 # --- export (torch environment) -------------------------------------------------------------------------
 def build(name: str):
@@ -194,6 +231,10 @@ def build(name: str):
         if isinstance(module, torch.nn.Linear) and not module.weight.any():
             torch.nn.init.normal_(module.weight, std=0.02)
     image = torch.rand(*spec.shape, generator=torch.Generator().manual_seed(0))
+    if spec.wrap == "reparam":
+        from timm.utils.model import reparameterize_model
+
+        return reparameterize_model(model).eval(), image
     if spec.wrap:
         model = _Wrapped(model, spec.wrap).eval()
     return model, image
@@ -213,8 +254,10 @@ def _Wrapped(model, how: str):
                 return self.model(images)["out"]
             if how == "pair":
                 return self.model(images[:, :3], images[:, 3:], num_flow_updates=3)[-1]
-            if how == "detect":
+            if how in ("detect", "keypoints"):
                 found = self.model(list(images))[0]
+                if how == "keypoints":
+                    return found["boxes"], found["scores"], found["labels"], found["keypoints"]
                 return found["boxes"], found["scores"], found["labels"]
             raise ValueError(how)
 
@@ -229,15 +272,21 @@ def export(name: str, exporter: str, path: Path) -> None:
     # symbolic; with it off both exporters see the composite attention, as users exporting ViTs set it
     torch.backends.mha.set_fastpath_enabled(False)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # a dynamic export: batch (and for a CNN height and width) left open, as served models are
+    dynamic = MODELS[name].dynamic
+    axes = {0: "batch"} if "vit" in name else {0: "batch", 2: "height", 3: "width"}
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
+            shapes = ({i: torch.export.Dim(axis, min=2, max=1024 if axis != "batch" else 64)
+                       for i, axis in axes.items()},) if dynamic else None
             program = torch.onnx.export(model, (image,), dynamo=True, input_names=["images"],
-                                        output_names=["logits"], external_data=False)
+                                        output_names=["logits"], external_data=False, dynamic_shapes=shapes)
             program.save(str(path))
         else:
             torch.onnx.export(model, (image,), str(path), dynamo=False, opset_version=17, input_names=["images"],
-                              output_names=["logits"], do_constant_folding=True)
+                              output_names=["logits"], do_constant_folding=True,
+                              dynamic_axes={"images": axes, "logits": {0: "batch"}} if dynamic else None)
 
 
 def export_all(names, exporters, out: Path, force: bool) -> int:
@@ -434,6 +483,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=("export", "sweep", "table"))
     parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
+    parser.add_argument("--third", action="store_true", help="only the third batch (THIRD)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -450,7 +500,7 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
         return 0
-    names, exporters = args.only or list(MODELS), args.exporter or list(EXPORTERS)
+    names, exporters = args.only or list(THIRD if args.third else MODELS), args.exporter or list(EXPORTERS)
     if args.step == "export":
         return export_all(names, exporters, args.out, args.force)
     if args.step == "sweep":
