@@ -87,7 +87,7 @@ from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.attention_inputs import (HEADS_PERM, BooleanMask, CausalMask, KeysThroughThreeDims,
-                                                           PastKeyValues, joins_heads, splits_heads)
+                                                           PastKeyValues, heads_layout)
 from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.transformer_chains import ScaledDotProduct, static4
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
@@ -191,20 +191,9 @@ class HeadsLayout(Rule):
         attention = match.node("attention")
         if any(v.is_used for v in attention.outputs[3:]):
             return f"{describe(attention)} has its qk_matmul_output used"
-        for w in "qkv":
-            reshape = match.node(f"{w}_reshape")
-            if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
-                return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
-        y_reshape = match.node("y_reshape")
-        joined = y_reshape.inputs[0]
-        reshaped = joins_heads(y_reshape, joined, match.value("out"))
-        # Any other Reshape of the joined heads (GPT-2's (batch * seq, hidden) for its Gemm) is the same Reshape
-        # of the op's 3-D output, both being (batch, seq, heads, size) in row-major order; a 0 in its shape
-        # would copy another dim from the 3-D output, so none may be there.
-        shape = int_list(y_reshape.input(1))
-        if not reshaped and (shape is None or 0 in shape or joined.shape is None or len(joined.shape) != 4 or
-                             not isinstance(joined.shape[2], int) or not isinstance(joined.shape[3], int)):
-            return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
+        reshaped = heads_layout(match)
+        if isinstance(reshaped, str):
+            return reshaped
         heads = [match.node(f"{w}_reshape").outputs[0].shape[2] for w in "qk"]
         return heads[0], heads[1], reshaped
 

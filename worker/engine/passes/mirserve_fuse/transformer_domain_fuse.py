@@ -33,11 +33,10 @@ from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
-from worker.engine.passes.support.attention_inputs import HEADS_PERM, joins_heads, splits_heads
+from worker.engine.passes.support.attention_inputs import HEADS_PERM, heads_layout
 from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.constants import computed_from_constants
 from worker.engine.passes.support.mirserve_ops import emit_refusal
-from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.normalization import scalar
 from worker.engine.passes.support.placement import constant_facts, placement_refusal, planned_facts
 from worker.engine.passes.support.standard_ops import standard_op_refusal
@@ -179,25 +178,18 @@ class DomainHeadsLayout(Rule):
         return p
 
     def check(self, ctx: PassContext, match: Match) -> tuple[int, bool] | str:
-        for w in "qkv":
-            reshape = match.node(f"{w}_reshape")
-            if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
-                return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
+        reshaped = heads_layout(match)
+        if isinstance(reshaped, str):
+            return reshaped
         heads = {match.node(f"{w}_reshape").outputs[0].shape[2] for w in "qkv"}
         if len(heads) != 1:
             return f"{describe(match.node('attention'))} reads fewer key or value heads than query heads"
-        y_reshape = match.node("y_reshape")
-        joined = y_reshape.inputs[0]
-        reshaped = joins_heads(y_reshape, joined, match.value("out"))
-        shape = int_list(y_reshape.input(1))
-        if not reshaped and (shape is None or 0 in shape or joined.shape is None or len(joined.shape) != 4 or
-                             not isinstance(joined.shape[2], int) or not isinstance(joined.shape[3], int)):
-            return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
         attention, (num_heads,) = match.node("attention"), heads
         q3 = match.value("q3")
         refusal = emit_refusal(ctx, "MultiHeadAttention", q3.dtype) or off_device_refusal(ctx, "MultiHeadAttention")
         if refusal:
             return refusal
+        joined = match.node("y_reshape").inputs[0]
         y = constant_facts(q3.dtype, (*joined.shape[:2], joined.shape[2] * joined.shape[3]), constant=False)
         facts = planned_facts("MultiHeadAttention", DOMAIN, VERSION,
                               [q3, match.value("k3"), match.value("v3"), match.value("mask")],

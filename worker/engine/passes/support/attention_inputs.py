@@ -49,6 +49,26 @@ def joins_heads(reshape: Node, x, y) -> bool:
     return reshapes_to(reshape, tuple(x.shape), [x.shape[0], x.shape[1], heads * size])
 
 
+def heads_layout(match: Match) -> str | bool:
+    """For a match whose Reshapes ``q_reshape``, ``k_reshape``, ``v_reshape`` split q3, k3, v3 into heads and
+    whose ``y_reshape`` joins the output back (``out``): why they do not, or whether the join is the plain one
+    (``joins_heads``). Any other Reshape of the joined heads (GPT-2's (batch * seq, hidden) for its Gemm) is the
+    same Reshape of a 3-D output, both being (batch, seq, heads, size) in row-major order; a 0 in its shape
+    would copy another dim from the 3-D output, so none may be there."""
+    for w in "qkv":
+        reshape = match.node(f"{w}_reshape")
+        if not splits_heads(reshape, match.value(f"{w}3"), reshape.outputs[0]):
+            return f"{describe(reshape)} does not split (batch, seq, hidden) into heads"
+    y_reshape = match.node("y_reshape")
+    joined = y_reshape.inputs[0]
+    reshaped = joins_heads(y_reshape, joined, match.value("out"))
+    shape = int_list(y_reshape.input(1))
+    if not reshaped and (shape is None or 0 in shape or joined.shape is None or len(joined.shape) != 4 or
+                         not isinstance(joined.shape[2], int) or not isinstance(joined.shape[3], int)):
+        return f"{describe(y_reshape)} does not join the heads back into (batch, seq, hidden)"
+    return reshaped
+
+
 def sequence_dim(value) -> int | str | None:
     """The sequence length of an Attention's Q, K or V (4-D: (batch, heads, seq, size), 3-D: (batch, seq,
     hidden))."""
