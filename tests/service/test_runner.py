@@ -186,8 +186,10 @@ def test_an_engine_killed_from_outside_is_retried_and_succeeds(make_worker):
 
 def test_an_attempt_that_lost_its_lease_never_publishes(make_worker):
     """The reaper gives the job to another worker while the first still runs: only the second publishes."""
-    # The lease is expired by hand; a long one keeps a loaded machine's late heartbeat from reaping attempt 2.
-    first = make_worker(lease_seconds=30.0)
+    # The lease is expired by hand; a long one keeps a loaded machine's late heartbeat from reaping attempt 2,
+    # and the first worker's own reaper is slowed so that the test's reap is the one that takes the job back
+    # (every 0.1 s it raced the test: the job was reaped, and queued with attempt 2 holding, before the test).
+    first = make_worker(lease_seconds=30.0, reaper_interval_seconds=600.0)
     job_id = submit(first, passes=4, hold=60)  # attempt 1 runs until it is killed
     stale = running_with_child(first, job_id)
     _expire_lease(first.store, job_id)
