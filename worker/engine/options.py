@@ -44,7 +44,8 @@ class OptimizeOptions:
     #: false and a warning, instead of failing the run.
     allow_unverified: bool = False
     #: Auto mixed precision: when a model placed on fp16 places fails verification, find the fewest nodes
-    #: that must compute in fp32, move them to an fp32 place and verify again (off: fail the run).
+    #: that must compute in fp32, move them to an fp32 place and verify again; with fp16_storage, the fewest
+    #: weights to keep in fp32 likewise (off: fail the run).
     precision_fallback: bool = True
     verify_runs: int = 1
     rtol: float | None = None
