@@ -20,8 +20,8 @@ cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--third] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]`` (``--third``: the
-third sweep's batch alone, ``third_models``). Prints one line per export:
+[--third | --fourth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
+(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``). Prints one line per export:
 its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
 if any failed).
 """
@@ -70,7 +70,7 @@ class Export:
     settings: dict
     #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "causal" (input_ids
     #: alone: no padding, so sdpa attention asks torch for is_causal), "image"
-    #: (pixel_values), "audio" (input_features), "waveform" (input_values: raw audio samples, 1x640),
+    #: (pixel_values), "video" (pixel_values 1 x frames x 3 x S x S), "audio" (input_features), "waveform" (input_values: raw audio samples, 1x640),
     #: "encoder" (an encoder-decoder model's encoder alone), "seq2seq" (the whole encoder-decoder:
     #: input_ids, attention_mask, decoder_input_ids), "speech_seq2seq" (input_features 1x32x80, attention_mask,
     #: decoder_input_ids) or "codec" (input_values: 1x1x640 raw audio).
@@ -328,8 +328,69 @@ def third_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     }
 
 
+def fourth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """The fourth sweep's batch (2026-11-25): encoders with other position schemes (DeBERTa's disentangled
+    attention, RoFormer's rotary encoder, MPNet's relative buckets, ESM's rotary with token dropout), attention
+    replaced (FNet's Fourier transform, SqueezeBERT's grouped 1x1 convolutions, Longformer's sliding windows,
+    CANINE's character hashing and downsampling), decoders with local attention (GPT-Neo), a parallel block
+    without LayerNorm bias (Cohere), experts routed per token (Mixtral), speech encoders with gated relative
+    position bias (WavLM) and a conformer (wav2vec2-conformer), divided space-time video attention
+    (TimeSformer), a super-resolution Swin-v2 (Swin2SR) and a dynamic batch and sequence encoder."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
+    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
+                  "eos_token_id": 0, "pad_token_id": 0}
+    wav2vec2 = {"vocab_size": 32, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2),
+                "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}
+    return {
+        "deberta": Export("DebertaConfig", "DebertaModel",
+                          {**bert_like, "relative_attention": True, "pos_att_type": ["c2p", "p2c"],
+                           "max_relative_positions": 64, "position_biased_input": False}),
+        "roformer": Export("RoFormerConfig", "RoFormerModel", {**bert_like, "embedding_size": hidden}),
+        "roformer_dynamic": Export("RoFormerConfig", "RoFormerModel", {**bert_like, "embedding_size": hidden},
+                                   dynamic=True),
+        "mpnet": Export("MPNetConfig", "MPNetModel", {**bert_like, "relative_attention_num_buckets": 32,
+                                                      "pad_token_id": 1}),
+        "esm": Export("EsmConfig", "EsmModel", {**bert_like, "position_embedding_type": "rotary",
+                                                "pad_token_id": 1, "mask_token_id": 2, "token_dropout": True}),
+        "fnet": Export("FNetConfig", "FNetModel", {**bert_like, "use_tpu_fourier_optimizations": False,
+                                                   "pad_token_id": 1}),
+        "squeezebert": Export("SqueezeBertConfig", "SqueezeBertModel", {**bert_like, "embedding_size": hidden}),
+        "longformer": Export("LongformerConfig", "LongformerModel",
+                             {**bert_like, "attention_window": [4] * layers, "pad_token_id": 1}),
+        "canine": Export("CanineConfig", "CanineModel",
+                         {**{k: v for k, v in bert_like.items() if k != "vocab_size"},
+                          "max_position_embeddings": 256, "num_hash_buckets": 512, "downsampling_rate": 4,
+                          "local_transformer_stride": 8}),
+        "gpt_neo": Export("GPTNeoConfig", "GPTNeoModel",
+                          {"vocab_size": vocab, "hidden_size": hidden, "num_layers": layers, "num_heads": heads,
+                           "intermediate_size": inter, "max_position_embeddings": 64, "window_size": 8,
+                           "attention_types": [[["global", "local"], layers // 2]], "use_cache": False,
+                           "bos_token_id": 0, "eos_token_id": 0}, inputs="decoder"),
+        "cohere": Export("CohereConfig", "CohereModel", llama_like, inputs="decoder"),
+        "mixtral": Export("MixtralConfig", "MixtralModel",
+                          {**llama_like, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+                           "experts_implementation": "eager"},  # the loop over experts, not torch._grouped_mm
+                          inputs="decoder"),
+        "wavlm": Export("WavLMConfig", "WavLMModel", {**wav2vec2, "num_buckets": 32, "max_bucket_distance": 64},
+                        inputs="waveform"),
+        "wav2vec2_conformer": Export("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerModel",
+                                     {**wav2vec2, "position_embeddings_type": "rotary",
+                                      "conv_depthwise_kernel_size": 7}, inputs="waveform"),
+        "timesformer": Export("TimesformerConfig", "TimesformerModel",
+                              {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                               "intermediate_size": inter, "image_size": 32, "patch_size": 8, "num_frames": 4},
+                              inputs="video"),
+        "swin2sr": Export("Swin2SRConfig", "Swin2SRModel",
+                          {"image_size": 32, "patch_size": 1, "embed_dim": 16, "depths": [2, 2],
+                           "num_heads": [2, 2], "window_size": 4, "upscale": 2}, inputs="image"),
+    }
+
+
 def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
-    return {**models(size), **dynamic_models(size), **third_models(size)}
+    return {**models(size), **dynamic_models(size), **third_models(size), **fourth_models(size)}
 
 
 MODELS = every_model()
@@ -362,6 +423,9 @@ def build(name: str, size: Size = SIZES["bench"]):
         return model, {"pixel_values": torch.rand(1, 3, side, side, generator=generator)}
     if spec.inputs == "waveform":
         return model, {"input_values": torch.randn(1, 640, generator=generator)}
+    if spec.inputs == "video":
+        side = spec.image_size
+        return model, {"pixel_values": torch.rand(1, config.num_frames, 3, side, side, generator=generator)}
     if spec.inputs == "codec":
         return model, {"input_values": torch.randn(1, 1, 640, generator=generator)}
     if spec.inputs == "speech_seq2seq":
@@ -451,6 +515,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", choices=list(MODELS), help="export this model (repeatable)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
     parser.add_argument("--third", action="store_true", help="only the third sweep's batch (third_models)")
+    parser.add_argument("--fourth", action="store_true", help="only the fourth sweep's batch (fourth_models)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--size", choices=list(SIZES), default="bench",
                         help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
@@ -461,7 +526,7 @@ def main(argv=None) -> int:
         print("\n".join(MODELS))
         return 0
     failed = False
-    for name in args.only or (third_models() if args.third else MODELS):
+    for name in args.only or (third_models() if args.third else fourth_models() if args.fourth else MODELS):
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"
             failed |= not export_and_report(path, lambda: export(name, exporter, path, SIZES[args.size]),

@@ -17,7 +17,8 @@ Two steps, in two environments:
   ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
   inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
   ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored; ``--third``: the third
-  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2); an existing file is kept
+  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``); an existing
+  file is kept
   unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
   failing (the run goes on; exit status 1 if any failed).
 
@@ -36,9 +37,9 @@ Two steps, in two environments:
   nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
 
 Usage:
-    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third]
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth]
         [--exporter dynamo|torchscript] [--out DIR] [--force] [--list]
-    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third] [--exporter ...] [--config NAME ...]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth] [--exporter ...] [--config NAME ...]
         [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
     .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
@@ -200,6 +201,36 @@ THIRD: dict[str, Arch] = {
     "timm_vit_tiny_dynamic": _timm("vit_tiny_patch16_224", (2, 3, 64, 64), dynamic=True, img_size=64),
 }
 MODELS.update(THIRD)
+
+#: the fourth batch (2026-11-25): families none of the first three had (video (2+1)D and 3-D windows, a
+#: GroupNorm detector head, pooling ViTs, metaformers, mobile attention variants, TF "SAME" padding with a
+#: dynamic image size, partial and selective convolutions); `--fourth` selects it
+FOURTH: dict[str, Arch] = {
+    "tv_r2plus1d_18": _tv("video.r2plus1d_18", (1, 3, 8, 32, 32)),  # (2+1)D factorized convolutions
+    "tv_swin3d_t": _tv("video.swin3d_t", (1, 3, 8, 64, 64)),  # 3-D shifted windows, padded to the window
+    "tv_retinanet_resnet50_fpn_v2": _tv("detection.retinanet_resnet50_fpn_v2", (1, 3, 128, 128), wrap="detect",
+                                        weights_backbone=None, min_size=128, max_size=128),  # GroupNorm heads
+    "timm_pit_ti_224": _timm("pit_ti_224", img_size=64),  # pooling ViT: tokens reshaped, strided depthwise conv
+    "timm_repvit_m0_9_reparam": _timm("repvit_m0_9", wrap="reparam"),  # RepViT as deployed
+    "timm_tiny_vit_5m_224": _timm("tiny_vit_5m_224"),  # windowed attention with attention biases, padded
+    "timm_mobilevitv2_050": _timm("mobilevitv2_050"),  # separable (linear) self-attention
+    "timm_davit_tiny": _timm("davit_tiny"),  # channel attention alternating with window attention
+    "timm_maxvit_nano_rw_256": _timm("maxvit_nano_rw_256", img_size=64),  # block + grid attention, rel. bias
+    "timm_caformer_s18": _timm("caformer_s18"),  # metaformer: StarReLU, scale layers, attention stages
+    "timm_mobilenetv4_hybrid_medium": _timm("mobilenetv4_hybrid_medium"),  # mobile multi-query attention
+    "timm_hgnetv2_b0": _timm("hgnetv2_b0"),  # PP-HGNetV2: learnable affine blocks, light convs, concat
+    "timm_efficientvit_m0": _timm("efficientvit_m0", img_size=64),  # cascaded group attention (MSRA)
+    "timm_starnet_s1": _timm("starnet_s1"),  # star operation: elementwise product of two branches
+    "timm_swiftformer_xs": _timm("swiftformer_xs"),  # efficient additive attention
+    "timm_convit_tiny": _timm("convit_tiny", img_size=64),  # gated positional self-attention
+    "timm_mixnet_s": _timm("mixnet_s"),  # mixed depthwise kernel sizes on channel splits
+    "timm_resmlp_12_224": _timm("resmlp_12_224", img_size=64),  # affine normalization, token-mixing MLP
+    "timm_ghostnetv3_100": _timm("ghostnetv3_100"),  # GhostNetV3 (re-parameterizable branches, unmerged)
+    "timm_fasternet_t0": _timm("fasternet_t0"),  # partial convolution: a conv on a channel slice
+    "timm_skresnet18": _timm("skresnet18"),  # selective kernel: softmax over two branches
+    "timm_tf_efficientnet_lite0_dynamic": _timm("tf_efficientnet_lite0", (2, 3, 64, 64), dynamic=True),  # SAME
+}
+MODELS.update(FOURTH)
 
 
 # --- export (torch environment) -------------------------------------------------------------------------
@@ -484,6 +515,7 @@ def main(argv=None) -> int:
     parser.add_argument("step", choices=("export", "sweep", "table"))
     parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
     parser.add_argument("--third", action="store_true", help="only the third batch (THIRD)")
+    parser.add_argument("--fourth", action="store_true", help="only the fourth batch (FOURTH)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -500,7 +532,8 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
         return 0
-    names, exporters = args.only or list(THIRD if args.third else MODELS), args.exporter or list(EXPORTERS)
+    batch = THIRD if args.third else FOURTH if args.fourth else MODELS
+    names, exporters = args.only or list(batch), args.exporter or list(EXPORTERS)
     if args.step == "export":
         return export_all(names, exporters, args.out, args.force)
     if args.step == "sweep":
