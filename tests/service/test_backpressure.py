@@ -5,6 +5,7 @@ releases the leases of those still running after it, so that another worker runs
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from types import SimpleNamespace
 
@@ -168,3 +169,29 @@ def test_a_second_signal_ends_the_grace_period(cluster):
     worker.process.send_signal(signal.SIGTERM)
     assert worker.process.wait(20) == 0, worker.log()
     assert store.get(job_id).state is JobState.QUEUED
+
+
+def test_the_stop_signal_handler_takes_no_lock(tmp_path):
+    """A handler runs in the main thread between two of its bytecodes, maybe inside a critical section of the
+    lock it would take: a worker whose handler called Event.set() on the event its main thread waited on hung
+    for good on SIGTERM. Every lock taken while the handler runs is recorded (a C call on a lock object)."""
+    config = make_config(tmp_path / "data", database_url=upgraded_database(f"sqlite:///{tmp_path / 'jobs.db'}"))
+    worker = JobWorker(config)
+    taken = []
+
+    def profile(frame, event, arg):
+        if event == "c_call" and type(getattr(arg, "__self__", None)).__module__ == "_thread":
+            taken.append(arg.__qualname__)
+
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            sys.setprofile(profile)
+            try:
+                worker.on_signal(signum, None)
+            finally:
+                sys.setprofile(None)
+        assert taken == []
+        assert worker._signals == 2  # the main loop drains after the first and stops draining after the second
+    finally:
+        worker.store.dispose()
+        worker.files.storage.close()

@@ -34,6 +34,8 @@ log = logging.getLogger("mirserve.worker")
 #: on the queue instead): a job submitted to an idle service waits at most this long for a worker. A look reads
 #: one small table, so ten a second cost nothing worth saving. Busy, the threads look again at once.
 IDLE_POLL_SECONDS = 0.1
+#: How often ``run()``'s main thread looks at the stop signals it has received (its handler only counts them).
+SIGNAL_LOOK_SECONDS = 0.05
 
 
 class _EmbeddedConsumer(Consumer):
@@ -56,8 +58,7 @@ class JobWorker:
         self.queue.handler = self.runner.run
         self.reaper = Reaper(self.store, self.files, self.queue, config)
         self._stop = threading.Event()  # ends the heartbeat and reaper threads
-        self._stop_requested = threading.Event()  # a first SIGTERM/SIGINT: drain
-        self._abort = threading.Event()  # a second one: stop waiting for running jobs
+        self._signals = 0  # SIGTERM/SIGINT received by run(): the first drains, a second ends the drain
         self._threads: list[threading.Thread] = []
         self._consumer: Consumer | None = None
         self.notifier = None
@@ -113,25 +114,31 @@ class JobWorker:
             return
         log.info("worker %s draining: %d running job(s) may finish within %g s", self.id, running, grace)
         deadline = time.monotonic() + grace
-        while self.runner.running and time.monotonic() < deadline and not self._abort.wait(0.05):
-            pass
+        while self.runner.running and time.monotonic() < deadline and self._signals < 2:
+            time.sleep(SIGNAL_LOOK_SECONDS)
         if self.runner.running:
             log.warning("worker %s: %d job(s) still running after the grace period; releasing them", self.id,
                         self.runner.running)
 
     def run(self) -> None:
         """Run until SIGTERM or SIGINT (call from the main thread), then drain with the configured grace."""
-        def on_signal(*_):
-            if self._stop_requested.is_set():
-                self._abort.set()
-            self._stop_requested.set()
-
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
+            signal.signal(signum, self.on_signal)
         self.start()
-        while not self._stop_requested.wait(1.0):
-            self._consumer.check_worker_health()
+        health_checked = time.monotonic()
+        while not self._signals:
+            time.sleep(SIGNAL_LOOK_SECONDS)
+            if time.monotonic() - health_checked >= 1.0:
+                self._consumer.check_worker_health()
+                health_checked = time.monotonic()
         self.stop(timeout=10.0, grace=self.config.shutdown_grace_seconds)
+
+    def on_signal(self, signum: int, frame) -> None:
+        """``run()``'s handler of SIGTERM and SIGINT: it counts them and does nothing else. A handler runs in
+        the main thread between two of its bytecodes, maybe inside a lock's critical section (an
+        ``Event.wait()``'s, say), so it must take no lock: one that called ``Event.set()`` on the event the
+        main thread waited on hung a worker for good on its stop signal (CPython issue 126434)."""
+        self._signals += 1
 
     def _every(self, interval: float, step) -> None:
         while not self._stop.wait(interval):
