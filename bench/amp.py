@@ -7,7 +7,8 @@ nodes by error growth, a bisection over that order, then each pinned node tried 
 knows nothing of where the error comes from: it tries segments of the nodes in graph order in fp16 with the
 rest in fp32, accepts a segment that verifies and splits one that does not, down to single nodes.
 
-Models: softmax over large logits, a LayerNorm with a large variance (both also in tests/engine/test_amp.py),
+Models: softmax over large logits, a LayerNorm with a large variance, fp16 rounding spread over a chain of
+MatMuls (all three also in tests/engine/test_amp.py),
 a small BERT encoder from bench/bert_base_graph.py (weights are graph inputs: verification draws them), and
 two models of onnx's light model zoo whose constant weights make fp16 overflow nearly everywhere (Inception
 v1, SqueezeNet).
@@ -85,6 +86,23 @@ def layernorm_with_large_variance(seed: int = 3) -> onnx.ModelProto:
                    _t("w1", rng.standard_normal((256, 256)) * 0.1)])
 
 
+def rounding_spread(layers: int = 24, scale: float = 2.0, seed: int = 5) -> onnx.ModelProto:
+    """fp16's error by rounding, not range: a chain of MatMuls by random orthogonal 64x64 matrices (values stay
+    near 1, far from fp16's limits), the result scaled by ``scale``. Each MatMul's output rounded to fp16 adds
+    about the same error, and no one of them is the culprit: the output verifies only with nearly all of them
+    in fp32 (torchvision's DeepLabV3 in small)."""
+    rng = np.random.default_rng(seed)
+    nodes, weights, value = [], [], "x"
+    for i in range(layers):
+        orthogonal, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+        weights.append(_t(f"w{i}", orthogonal))
+        nodes.append(helper.make_node("MatMul", [value, f"w{i}"], [f"h{i}"], name=f"matmul{i}"))
+        value = f"h{i}"
+    nodes.append(helper.make_node("Mul", [value, "scale"], ["y"], name="scale_up"))
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [*weights, _t("scale", scale)])
+
+
 def bert_small() -> onnx.ModelProto:
     from bench.bert_base_graph import bert_base_model
 
@@ -99,7 +117,8 @@ def light(name: str):
     return load
 
 
-MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance, "bert_small": bert_small,
+MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance,
+          "rounding": rounding_spread, "bert_small": bert_small,
           "inception_v1": light("light_inception_v1"), "squeezenet": light("light_squeezenet")}
 
 

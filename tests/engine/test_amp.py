@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from bench.amp import bert_small, layernorm_with_large_variance, softmax_over_large_logits
+from bench.amp import bert_small, layernorm_with_large_variance, rounding_spread, softmax_over_large_logits
 from tests.conftest import make_model, save_proto, tensor, vinfo
 from tests.engine.passes.place.helpers import place_model
 from worker.engine.api import OptimizeOptions, optimize
@@ -327,3 +327,70 @@ def test_a_model_whose_values_overflow_fp16_nearly_everywhere_takes_a_few_steps(
     assert report["verification"]["passed"] is True and fallback["runs"] <= 3
     assert len(fallback["nodes"]) == 10 and len(fallback["placement_only"]) == 5
     assert all("beyond fp16's range" in n["why"] and n["place"] == "arm/fp32/nchw" for n in fallback["nodes"])
+
+
+def _additive(order, budget):
+    """A trial where each node in fp16 adds its ``growth`` to the output's error, which verifies up to
+    ``budget``: fp16's error by rounding, spread over the nodes."""
+    total = sum(r.growth for r in order)
+    tried = []
+
+    def trial(names):
+        tried.append(frozenset(names))
+        return total - sum(r.growth for r in order if r.node in set(names)) <= budget, ""
+    return trial, tried
+
+
+def test_a_search_where_the_error_is_spread_over_most_nodes_ends_in_few_steps():
+    """Rounding error spread over 80 nodes, four times the tolerance, ranked blind (as the max-ratio growth
+    ranks DeepLabV3's convolutions): the output verifies with most nodes pinned, and proving each pin needed
+    takes a verification each (the 40-step cap before). Unpinning stops once its tries mostly fail; the pins
+    it kept are named as untried."""
+    from worker.engine import amp
+
+    rng = np.random.default_rng(7)
+    errors = rng.uniform(0.5, 1.5, 80)
+    order = [amp.Ranked(f"n{i}", "Conv", 0.0, float(e)) for i, e in enumerate(errors)]
+    order = [amp.Ranked(r.node, r.op, r.error, r.error) for r in order]  # growth: what each adds
+    trial, tried = _additive(order, errors.sum() / 4)
+    outcome = amp.search([amp.Ranked(r.node, r.op, 0.0, r.error) for r in order], trial)
+    assert outcome.passed and trial([r.node for r in outcome.pinned])[0]
+    assert outcome.runs <= 16 and outcome.stopped and "failed" in outcome.stopped
+    assert len(outcome.pinned) >= 60 and outcome.untried
+    assert set(r.node for r in outcome.untried) <= set(r.node for r in outcome.pinned)
+    assert "without being tried" in amp.describe(outcome.untried[0], untried=True)
+
+
+def test_the_search_infers_what_fails_from_what_failed():
+    """Pinning more never hurts, so fewer pins than a set that failed fail too: no step tries such a set (the
+    node after the longest prefix that failed is needed, so unpinning a segment holding it takes no step).
+    Six needed nodes ranked last of a long prefix: the segments holding them fail level after level, but the
+    other segments pass, so unpinning goes on to the end and keeps exactly those six."""
+    from worker.engine import amp
+
+    order = [amp.Ranked(f"n{i}", "Add", 100.0 - i, 100.0 - i) for i in range(64)]
+    needed = {f"n{i}" for i in range(54, 60)}
+    tried = []
+
+    def trial(names):
+        tried.append(frozenset(names))
+        return needed <= set(names), ""
+
+    outcome = amp.search(order, trial)
+    assert outcome.passed and {r.node for r in outcome.pinned} == needed and outcome.stopped is None
+    failed = [t for t in tried if not needed <= t]
+    assert not any(later <= earlier for i, earlier in enumerate(failed) for later in failed[i + 1:])
+
+
+def test_fp16_rounding_spread_over_many_nodes_takes_few_steps(tmp_path):
+    """bench/amp.py's chain of MatMuls, each adding about the same rounding error in fp16: the output verifies
+    only with nearly every MatMul in fp32. The search finds it in few steps instead of bisecting and unpinning
+    to the 40-step cap, and says which pins it kept untried."""
+    source = save_proto(rounding_spread(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    assert report["verification"]["passed"] is True
+    fallback = report["precision_fallback"]
+    assert fallback["runs"] <= 16 and fallback["unpinning_stopped"]
+    assert len(fallback["nodes"]) > fallback["ranked"] * 3 // 4
+    assert any("without being tried" in n["why"] for n in fallback["nodes"])
+

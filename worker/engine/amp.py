@@ -37,6 +37,8 @@ from worker.engine.places import Precision
 NOT_FINITE = 1e30
 #: Up to this many pins, each is tried without its pin on its own (one step each); more, in halves.
 SINGLES = 4
+#: Unpinning stops once this many of its tries failed and they outnumber the tries that passed ODDS to one.
+GIVE_UP, ODDS = 6, 3
 #: Steps (a rebuild and a verification each) the search may take: past them, unpinning stops and what
 #: verified last is kept (more pins than needed, never a model that does not verify).
 MAX_STEPS = 40
@@ -58,6 +60,10 @@ class Outcome:
     passed: bool = False
     #: Pins dropped because the model built without them is the same model (no verification needed).
     unneeded: list[Ranked] = field(default_factory=list)
+    #: Why unpinning stopped before every pin was tried (then some pins may not be needed), or None.
+    stopped: str | None = None
+    #: Pins no step showed to be needed (a set without them alone failed), when unpinning stopped early.
+    untried: list[Ranked] = field(default_factory=list)
 
     @property
     def runs(self) -> int:
@@ -135,18 +141,22 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds
     def spent() -> bool:
         return len(outcome.steps) >= MAX_STEPS or (deadline is not None and time.perf_counter() > deadline)
 
-    failed: set[frozenset[str]] = set()  # pin sets seen to fail: the unpinning phase meets the bisection's again
+    # pin sets seen to fail: fewer pins than one of them fail too (pinning more never hurts), so the unpinning
+    # phase does not verify what the bisection already showed (a prefix that failed has no pin of the node
+    # after it: every set without that node fails)
+    failed: list[frozenset[str]] = []
 
-    def attempt(chosen: Sequence[Ranked]) -> bool:
-        names = [r.node for r in chosen]
-        if frozenset(names) in failed:
-            return False
+    def attempt(chosen: Sequence[Ranked]) -> bool | None:
+        """Whether the model verifies with ``chosen`` pinned; None when a set seen to fail holds them all."""
+        names = frozenset(r.node for r in chosen)
+        if any(names <= seen for seen in failed):
+            return None
         started = time.perf_counter()
-        passed, found = trial(names)
+        passed, found = trial([r.node for r in chosen])
         outcome.steps.append({"pinned": len(chosen), "passed": passed, "found": found,
                               "seconds": round(time.perf_counter() - started, 3)})
         if not passed:
-            failed.add(frozenset(names))
+            failed.append(names)
         return passed
 
     if not order or not attempt(order):
@@ -172,8 +182,11 @@ def search(order: Sequence[Ranked], trial: Trial, *, prune: bool = True, seconds
     else:
         fixed = []
     if prune and len(chosen) > 1:
-        chosen = _unpin(chosen, lambda pins: attempt([*fixed, *pins]), spent)
+        chosen, outcome.stopped = _unpin(chosen, lambda pins: attempt([*fixed, *pins]), spent)
     outcome.pinned, outcome.passed = [*fixed, *chosen], True
+    if outcome.stopped:
+        pins = frozenset(r.node for r in chosen)
+        outcome.untried = [r for r in chosen if not any(pins - {r.node} <= seen for seen in failed)]
     return outcome
 
 
@@ -208,33 +221,42 @@ def _needed_by_placement(candidates: list[Ranked], chosen: list[Ranked], unchang
     return [r for r in candidates if r.node not in dropped]
 
 
-def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], bool],
-           spent: Callable[[], bool]) -> list[Ranked]:
-    """``chosen`` less the pins it verifies without: segments of it, least ranked first, tried unpinned; one
-    that still verifies stays unpinned, one that does not is split, down to single nodes (a ranking that put
-    a few of the needed nodes deep costs a few steps, not a pin for every node above them)."""
+def _unpin(chosen: list[Ranked], attempt: Callable[[Sequence[Ranked]], "bool | None"],
+           spent: Callable[[], bool]) -> tuple[list[Ranked], str | None]:
+    """``chosen`` less the pins it verifies without, and why unpinning stopped early (None: it did not):
+    segments of it, least ranked first, tried unpinned; one that still verifies stays unpinned, one that does
+    not is split, down to single nodes (a ranking that put a few of the needed nodes deep costs a few steps,
+    not a pin for every node above them). ``attempt`` answers None for a set known to fail without a step.
+
+    The segments go level by level (both halves, then the four quarters, ...), so where the needed pins
+    cluster at one end the other end's segments pass early. Where they do not pass, the pins are nearly all
+    needed: fp16's error is rounding spread over many nodes, each adding a little, and proving that of every
+    pin takes a verification each (the cap, 40 steps, and a few pins saved on DeepLabV3). So once the tries
+    that failed reach GIVE_UP and outnumber those that passed ODDS to one, unpinning stops and keeps the pins
+    it has: more pins than the fewest, in few steps."""
     dropped: set[int] = set()
-
-    def visit(segment: list[Ranked]) -> None:
-        if spent():
-            return
-        if attempt([r for r in chosen if id(r) not in dropped and r not in segment]):
-            dropped.update(id(r) for r in segment)
-        elif len(segment) > 1:
-            middle = len(segment) // 2
-            visit(segment[:middle])
-            visit(segment[middle:])
-
-    # the single least-ranked pin first when few (each alone is a step either way), halves when many
+    passed = failed = 0
+    # the single least-ranked pins first when few (each alone is a step either way), halves when many
     backwards = list(reversed(chosen))
-    if len(backwards) <= SINGLES:
-        for item in backwards:
-            visit([item])
-    else:
-        middle = len(backwards) // 2
-        visit(backwards[:middle])
-        visit(backwards[middle:])
-    return [r for r in chosen if id(r) not in dropped]
+    middle = len(backwards) // 2
+    queue = [[item] for item in backwards] if len(backwards) <= SINGLES else [backwards[:middle], backwards[middle:]]
+    while queue:
+        if spent():
+            return [r for r in chosen if id(r) not in dropped], "its steps or time ran out"
+        if failed >= GIVE_UP and failed > ODDS * passed:
+            return [r for r in chosen if id(r) not in dropped], (
+                f"{failed} of {failed + passed} tries to unpin failed: the error is spread over the pinned nodes")
+        segment = queue.pop(0)
+        verified = attempt([r for r in chosen if id(r) not in dropped and r not in segment])
+        if verified:
+            dropped.update(id(r) for r in segment)
+            passed += 1
+            continue
+        failed += verified is not None  # a set known to fail took no step
+        if len(segment) > 1:
+            half = len(segment) // 2
+            queue += [segment[:half], segment[half:]]
+    return [r for r in chosen if id(r) not in dropped], None
 
 
 def graph_order_search(graph_order: Sequence[Ranked], trial: Trial) -> Outcome:
@@ -285,8 +307,13 @@ def describe_weight(item: Ranked) -> str:
     return "its readers add no error of their own in fp16, but the output verifies only with it kept in fp32"
 
 
-def describe(item: Ranked) -> str:
-    """Why a node was pinned, as a sentence."""
+def describe(item: Ranked, untried: bool = False) -> str:
+    """Why a node was pinned, as a sentence; ``untried``: unpinning stopped before it was tried without its pin
+    (``Outcome.untried``)."""
+    if untried:
+        return (f"in fp16 its output is off by {_fmt(item.error)} x the verification tolerance; kept in fp32 "
+                f"without being tried in fp16 alone, as unpinning stopped early (the error is spread over many "
+                f"nodes, so nearly every pin is needed)")
     if item.beyond_fp16:
         return ("it reads or writes values beyond fp16's range (65504) in the input model: kept in fp32 with the "
                 "other nodes that do, as the placement needs it (not verified without it alone)")

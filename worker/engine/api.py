@@ -283,7 +283,7 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
 
         outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
     section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3),
-                   placement_only=[r.node for r in outcome.unneeded])
+                   placement_only=[r.node for r in outcome.unneeded], unpinning_stopped=outcome.stopped)
     if not outcome.passed:
         section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "
                               f"places, and the output still does not verify: {outcome.steps[-1]['found']}"
@@ -296,7 +296,8 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
         node = nodes.get(item.node)
         place = str(node.pick.place) if node is not None and getattr(node, "pick", None) is not None else None
         section["nodes"].append({"node": item.node, "op": item.op, "place": place, "growth": _finite(item.growth),
-                                 "error": _finite(item.error), "why": amp.describe(item)})
+                                 "error": _finite(item.error),
+                                 "why": amp.describe(item, untried=item in outcome.untried)})
     return section, rebuilt
 
 
