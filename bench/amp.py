@@ -14,11 +14,15 @@ two models of onnx's light model zoo whose constant weights make fp16 overflow n
 v1, SqueezeNet).
 
 A step builds as the engine's search does (``--steps pinned``): the passes before kernel pick once
-(``worker.engine.pinned_builds``), the reference's outputs recorded at the first verification and read after.
-``--steps whole`` builds and verifies the way the engine did before (every pass and the reference again at
-every step), for comparison.
+(``worker.engine.pinned_builds``), the reference's outputs recorded at the first verification and read after,
+the candidate written with its fp16 values stored in fp16 (``numeric.save_stored_in_fp16``), which the
+verification child loads as it is. ``--steps rewritten`` writes the candidate as it is and lets the child store
+its fp16 values (parse, shape inference, serialize: as steps did before), ``--steps whole`` builds and verifies
+the way the engine did before that (every pass and the reference again at every step), for comparison.
+``--file`` adds a model from disk (e.g. a bench/vision_exports.py export; ``--no-baseline`` for large ones).
 
-Usage: python bench/amp.py [--places P] [--only NAME] [--steps pinned|whole]
+Usage: python bench/amp.py [--places P] [--only NAME] [--file MODEL.onnx] [--steps pinned|rewritten|whole]
+                          [--no-baseline]
 """
 from __future__ import annotations
 
@@ -125,7 +129,7 @@ MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_larg
 class Runner:
     """Builds the model with nodes pinned to fp32 and verifies it, counting the steps."""
 
-    def __init__(self, source: Path, places: str, scratch: Path, whole: bool = False):
+    def __init__(self, source: Path, places: str, scratch: Path, whole: bool = False, rewritten: bool = False):
         from worker.engine.api import tolerances
         from worker.engine.kernels import default_table
         from worker.engine.limits import Limits
@@ -134,7 +138,7 @@ class Runner:
         from worker.engine.pinned_builds import PinnedBuilds
         from worker.engine.places import parse_places
 
-        self.source, self.scratch, self.whole = source, scratch, whole
+        self.source, self.scratch, self.whole, self.rewritten = source, scratch, whole, rewritten
         self.options = OptimizeOptions(places=places, limits=Limits(max_output_mb=1024))  # the light zoo's folds
         self.places = parse_places(places)
         self.steps = get_pipeline("default").steps_for(self.options)
@@ -168,12 +172,17 @@ class Runner:
             self._placed = key, _placement_of(self.build(pins))  # the search asks about one set many times
         return self._placed[1] == _placement_of(self.build(fewer))
 
-    def saved(self, model) -> Path:
+    def saved(self, model) -> tuple[Path, bool]:
+        """The candidate written (as the engine's steps write it, its fp16 values stored in fp16 already, unless
+        ``--steps whole`` or ``rewritten``: the child stores them) and whether it was written so."""
         from worker.engine.ir import save_model
+        from worker.engine.numeric import save_stored_in_fp16
 
         path = self.scratch / "candidate.onnx"
-        save_model(model, path)
-        return path
+        if self.whole or self.rewritten:
+            save_model(model, path)
+            return path, False
+        return path, save_stored_in_fp16(model, path)
 
     def trial(self, pinned) -> tuple[bool, str]:
         from worker.engine.errors import VerificationError
@@ -181,9 +190,10 @@ class Runner:
 
         self.runs += 1
         expected = None if self.whole else str(self.scratch / "reference.npz")
+        candidate, stored = self.saved(self.build(pinned))
         try:
-            verify(str(self.source), str(self.saved(self.build(pinned))), rtol=self.rtol, atol=self.atol,
-                   expected=expected)
+            verify(str(self.source), str(candidate), rtol=self.rtol, atol=self.atol, expected=expected,
+                   candidate_stored=stored)
             return True, "verified"
         except VerificationError as exc:
             return False, str(exc)
@@ -209,15 +219,17 @@ def segment_search(names: list[str], trial) -> set[str]:
     return kept
 
 
-def measure(name: str, model: onnx.ModelProto, places: str, whole: bool = False, baseline: bool = True) -> dict:
+def measure(name: str, model: onnx.ModelProto, places: str, whole: bool = False, baseline: bool = True,
+            rewritten: bool = False) -> dict:
     from worker.engine import amp
+    from worker.engine.limits import Limits
     from worker.engine.numeric import value_errors
 
     with tempfile.TemporaryDirectory(prefix="mirserve-amp-") as scratch:
         scratch = Path(scratch)
         source = scratch / f"{name}.onnx"
         onnx.save(model, source)
-        runner = Runner(source, places, scratch, whole)
+        runner = Runner(source, places, scratch, whole, rewritten)
         first = runner.build()
         passed, found = runner.trial(())
         if passed:
@@ -229,12 +241,13 @@ def measure(name: str, model: onnx.ModelProto, places: str, whole: bool = False,
         save_model(first, first_path)
         started = time.perf_counter()
         errors, beyond = value_errors(str(source), str(first_path), shapes=_shapes(model), rtol=runner.rtol,
-                                      atol=runner.atol, with_range=True)
+                                      atol=runner.atol, with_range=True, memory_mb=Limits().verify_memory_mb)
         order = amp.rank(first.graph, errors, beyond)
         runner.runs = 0
         outcome = amp.search(order, lambda pins: runner.trial(pins), unchanged=runner.unchanged)
         ours = {"steps": runner.runs + 1, "seconds": time.perf_counter() - started,
-                "pinned": [r.node for r in outcome.pinned] if outcome.passed else None}
+                "pinned": [r.node for r in outcome.pinned] if outcome.passed else None,
+                "stopped": outcome.stopped}
         if not baseline:
             return {"model": name, "fp16_nodes": len(fp16_names), "ours": ours, "baseline": None,
                     "failure": found[:160]}
@@ -258,8 +271,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--places", default=PLACES)
     parser.add_argument("--only", action="append", choices=list(MODELS))
-    parser.add_argument("--steps", choices=("pinned", "whole"), default="pinned",
-                        help="pinned: steps as the engine takes them; whole: every pass and the reference again")
+    parser.add_argument("--steps", choices=("pinned", "rewritten", "whole"), default="pinned",
+                        help="pinned: steps as the engine takes them; rewritten: the same, but each candidate written "
+                             "as it is and stored in fp16 by the verification child; whole: every pass and the "
+                             "reference again")
+    parser.add_argument("--file", type=Path, action="append", default=[],
+                        help="an ONNX model to measure as well (repeatable; named by its file name)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="ours only (the baseline bisects down to single nodes: ~2 steps a node where most "
                              "must stay in fp32, as in the light zoo's models)")
@@ -268,8 +285,11 @@ def main(argv=None) -> int:
           f"run as a step")
     print(f"{'model':<12} {'fp16 nodes':>10}  {'ours: steps':>11} {'s':>6} {'pinned':>6}  "
           f"{'graph-order bisection: steps':>28} {'s':>6} {'pinned':>6}")
-    for name in args.only or list(MODELS):
-        row = measure(name, MODELS[name](), args.places, args.steps == "whole", not args.no_baseline)
+    models = {name: MODELS[name] for name in args.only or ([] if args.file else list(MODELS))}
+    models.update({path.name.removesuffix(".onnx"): (lambda path=path: onnx.load(str(path))) for path in args.file})
+    for name, build in models.items():
+        row = measure(name, build(), args.places, args.steps == "whole", not args.no_baseline,
+                      args.steps == "rewritten")
         if "note" in row:
             print(f"{name:<12} {row['note']}")
             continue
@@ -278,6 +298,8 @@ def main(argv=None) -> int:
         print(f"{name:<12} {row['fp16_nodes']:>10}  {ours['steps']:>11} {ours['seconds']:>6.1f} "
               f"{count(ours['pinned']):>6}  {base['steps']:>28} {base['seconds']:>6.1f} {count(base['pinned']):>6}",
               flush=True)
+        if ours["stopped"]:
+            print(f"{'':<12} unpinning stopped: {ours['stopped']}")
         if len(ours["pinned"] or ()) <= 12:
             print(f"{'':<12} ours pinned {ours['pinned']}; baseline pinned {base['pinned'] or '-'}")
     return 0

@@ -394,3 +394,67 @@ def test_fp16_rounding_spread_over_many_nodes_takes_few_steps(tmp_path):
     assert len(fallback["nodes"]) > fallback["ranked"] * 3 // 4
     assert any("without being tried" in n["why"] for n in fallback["nodes"])
 
+
+def test_a_step_writes_its_candidate_in_the_form_verification_runs(tmp_path):
+    """Each step's candidate is written with its fp16 values stored in fp16 (two Identities each) by the engine,
+    as the verification child would rewrite it (parse, infer, serialize: most of a step on DeepLabV3), and
+    the child loads it as it is; it computes what the child's rewrite computes."""
+    import onnx
+
+    from worker.engine import numeric
+    from worker.engine.runtime import cpu_session
+
+    source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
+    model = _pinned(source, {"sub"}).model
+    plain, stored = tmp_path / "plain.onnx", tmp_path / "stored.onnx"
+    save_model(model, plain)
+    assert numeric.save_stored_in_fp16(model, stored) is True
+    by_child = onnx.load_from_string(numeric._stored_in_fp16(str(plain)))
+    written = onnx.load(str(stored))
+    assert any(n.name.endswith("__stored_fp16") for n in written.graph.node)
+    assert [(n.name, list(n.input), list(n.output)) for n in written.graph.node] == \
+        [(n.name, list(n.input), list(n.output)) for n in by_child.graph.node]
+    feeds = {"x": RNG.standard_normal((64, 256)).astype(np.float32)}
+    [a], [b] = cpu_session(by_child.SerializeToString()).run(None, feeds), cpu_session(str(stored)).run(None, feeds)
+    assert np.array_equal(a, b)
+    # the child takes it as it is: no second rewrite (which would store each value twice)
+    rewritten = []
+    original = numeric._stored_in_fp16
+    numeric._stored_in_fp16 = lambda path: rewritten.append(path) or original(path)
+    try:
+        request = {"mode": "verify", "reference": str(source), "candidate": str(stored), "runs": 1,
+                   "rtol": FP16_RTOL, "atol": FP16_ATOL, "seed": 0, "chunk_bytes": 0, "same_weights": None,
+                   "values": {}, "given": {}, "shape_sets": None, "candidate_stored": True}
+        report = numeric._child(request)
+    finally:
+        numeric._stored_in_fp16 = original
+    assert str(stored) not in rewritten and report["passed"] is not None
+
+
+def test_a_model_that_leaves_a_value_undeclared_is_left_to_the_child():
+    """The engine cannot infer the type of an undeclared value without the weights; the child, which has them,
+    stores such a model's fp16 values itself."""
+    from onnx import TensorProto
+
+    from worker.engine import numeric
+
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)]
+    model = make_model(nodes, [vinfo("x", shape=[4])], [vinfo("y", shape=[4])])
+    before = model.SerializeToString()
+    assert numeric.store_fp16_values(model) is False and model.SerializeToString() == before
+    model.graph.value_info.extend([vinfo("h", TensorProto.FLOAT16, [4]), vinfo("r", TensorProto.FLOAT16, [4])])
+    assert numeric.store_fp16_values(model) is True
+    assert [n.op_type for n in model.graph.node].count("Identity") == 4
+
+
+def test_the_fallback_steps_verify_candidates_written_for_verification(tmp_path, monkeypatch):
+    from worker.engine import api
+
+    calls = []
+    original = api.verify
+    monkeypatch.setattr(api, "verify", lambda *a, **kw: calls.append(kw.get("candidate_stored")) or original(*a, **kw))
+    source = save_proto(softmax_over_large_logits(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    runs = report["precision_fallback"]["runs"]
+    assert runs > 1 and calls.count(True) == runs

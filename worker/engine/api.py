@@ -23,7 +23,8 @@ from worker.engine.cli import (add_option_arguments, add_output_arguments, add_p
 from worker.engine.cli import main as run_cli
 from worker.engine.errors import OptionsError, VerificationError
 from worker.engine.ir import load_model, save_model
-from worker.engine.numeric import DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, verify
+from worker.engine.numeric import (DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, save_stored_in_fp16,
+                                   verify)
 from worker.engine.memory import formulas
 from worker.engine.sample_shapes import first_choice, graph_specs, has_open_dims
 from worker.engine.sample_values import steering_values
@@ -402,9 +403,10 @@ def search_rebuilds(order, build: Callable, reference: Path, scratch: Path,
         built["latest"] = (list(names), attempt)
         placements[frozenset(names)] = _placement_of(attempt[0])
         candidate = scratch / "trial.onnx"
-        save_model(attempt[0], candidate)
+        stored = save_stored_in_fp16(attempt[0], candidate)  # the child loads it as it is
         try:  # the reference's outputs are the same at every step: run once, recorded in the scratch directory
-            verify(str(reference), str(candidate), expected=str(scratch / "reference.npz"), **verify_args)
+            verify(str(reference), str(candidate), expected=str(scratch / "reference.npz"), candidate_stored=stored,
+                   **verify_args)
         except VerificationError as exc:
             return False, str(exc)
         finally:

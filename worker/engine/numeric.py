@@ -52,7 +52,8 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
            shape_sets: Sequence[Shapes] | None = None, runs: int = 1, rtol: float = DEFAULT_RTOL,
            atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
            chunk_bytes: int = 0, mapped_bytes: int = 0, same_weights: Mapping[str, Sequence] | None = None,
-           shapes_checked: bool = True, values: Values | None = None, expected: str | None = None) -> dict[str, Any]:
+           shapes_checked: bool = True, values: Values | None = None, expected: str | None = None,
+           candidate_stored: bool = False) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -74,9 +75,11 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
     one reference (auto mixed precision's steps): the first verification writes them there, later ones with
     the same reference, inputs and shapes read them instead of running the reference again (whole models
     only; what it holds is checked against the request, and a file that does not match is written anew).
+    ``candidate_stored``: the candidate was written with its fp16 values stored in fp16 already
+    (``save_stored_in_fp16``), so the child loads it as it is.
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
-               "expected": expected,
+               "expected": expected, "candidate_stored": candidate_stored,
                "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
                "same_weights": None if same_weights is None else {k: list(v) for k, v in same_weights.items()},
                "shapes_checked": shapes_checked, "values": dict(values or {}),
@@ -253,19 +256,52 @@ def _stored_in_fp16(source):
         onnx.load_from_string(source) if isinstance(source, bytes) else source)
     if not _names_fp16(model):
         return source
-    graph = model.graph
-    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
-    if any(name not in known for node in graph.node for name in node.output if name):
+    if not _declares_every_value(model.graph):
         try:  # types of the values the model does not declare
             model = onnx.shape_inference.infer_shapes(model)
-            graph = model.graph
         except Exception:  # noqa: BLE001 - what it declares is used
             pass
+    return model.SerializeToString() if _store_fp16_values(model.graph) else source
+
+
+def store_fp16_values(model) -> bool:
+    """Rewrite ``model`` (a ModelProto, its initializers left out or not) in place as ``_stored_in_fp16`` would,
+    for a caller that writes the candidates of many verifications (auto mixed precision's steps): the child
+    then loads the file as it is, without parsing, inferring and serializing it again (``verify``'s
+    ``candidate_stored``). False, and ``model`` untouched, where the model leaves a value's type undeclared
+    (the child's shape inference, which needs the weights, would find it)."""
+    if not _declares_every_value(model.graph):
+        return False
+    _store_fp16_values(model.graph)
+    return True
+
+
+def save_stored_in_fp16(model, path) -> bool:
+    """Write the engine's ``model`` at ``path`` as verification runs it (``store_fp16_values`` on what is
+    written, the weights streamed as ``save_model`` streams them); False when it is written as it is, and the
+    child must store its fp16 values itself."""
+    from worker.engine.ir import save_model
+
+    stored = []
+    save_model(model, path, edit=lambda proto: stored.append(store_fp16_values(proto)))
+    return stored[0]
+
+
+def _declares_every_value(graph) -> bool:
+    known = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    return all(name in known for node in graph.node for name in node.output if name)
+
+
+def _store_fp16_values(graph) -> bool:
+    """Two Identities on each fp16 value ``graph``'s nodes pass between them (``_stored_in_fp16``); False when
+    it has none."""
+    import onnx
+
     fp16 = {v.name for v in (*graph.value_info, *graph.input, *graph.output)
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
     consumed = {name for node in graph.node for name in node.input}
     if not fp16 & consumed:
-        return source
+        return False
     nodes = []
     for node in graph.node:
         nodes.append(node)
@@ -277,7 +313,7 @@ def _stored_in_fp16(source):
                           onnx.helper.make_node("Identity", [widened], [name], name=f"{name}__kept_fp16")]
     del graph.node[:]
     graph.node.extend(nodes)
-    return model.SerializeToString()
+    return True
 
 
 def _names_fp16(model) -> bool:
@@ -681,7 +717,8 @@ def _verify_with(recorded: "_Recorded | None", request: dict) -> dict:
     if recorded is None and request.get("expected") and not _CHUNK_BYTES:
         recording = reference = _Recorded(request, reference)
     try:
-        candidate = _session(_stored_in_fp16(request["candidate"]))
+        candidate = _session(request["candidate"] if request.get("candidate_stored")
+                             else _stored_in_fp16(request["candidate"]))
     except Exception as exc:
         return {"error": f"onnxruntime cannot load the optimized model: {runtime_message(exc)}"}
     reason = _ungenerated(reference)

@@ -452,16 +452,18 @@ class SaveInfo:
 
 def save_model(model: Model, path: str | os.PathLike, *, protobuf_limit: int = PROTOBUF_LIMIT,
                value_info: bool = True, check: Callable[[Path], None] | None = None,
-               external_data: bool = False) -> SaveInfo:
+               external_data: bool = False, edit: Callable[[onnx.ModelProto], None] | None = None) -> SaveInfo:
     """Write the model to ``path`` atomically, with external data beside it when it is too big for protobuf
     or ``external_data`` asks for it.
 
     ``check`` is called with the complete temporary file before it is renamed to ``path``; if it raises,
     nothing is left behind (the way a model that fails verification never reaches its output path).
+    ``edit`` may change the ModelProto as written, without its top-level initializers (verification's form
+    of a candidate: ``numeric.store_fp16_values``).
     """
     path = Path(path)
     writer = _Writer(model, value_info)
-    head, tail, chunks = writer.layout()
+    head, tail, chunks = writer.layout(edit)
     total = len(head) + len(tail) + sum(c.size for c in chunks)
     data_path = None
     if total > protobuf_limit or (external_data and any(
@@ -698,8 +700,10 @@ class _Writer:
         self.functions = domain.functions_for(model)
         self.ir = self._ir_version()
 
-    def layout(self) -> tuple[bytes, bytes, list[_Chunk]]:
+    def layout(self, edit: Callable[[onnx.ModelProto], None] | None = None) -> tuple[bytes, bytes, list[_Chunk]]:
         proto = self.model_proto()
+        if edit is not None:
+            edit(proto)
         graph = onnx.GraphProto()
         graph.CopyFrom(proto.graph)
         proto.ClearField("graph")
