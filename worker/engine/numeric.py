@@ -501,57 +501,49 @@ def _child_choose(request: dict) -> dict:
     return _choose(reference, request["given"], request["seed"], steering=request.get("values"))
 
 
-def _every_value_session(path: str, fp16_stored: bool = False):
-    """A session of the model at ``path`` whose outputs are its own and every value its main graph computes
-    (with each fp16 value stored in fp16 when ``fp16_stored``, as verification runs the candidate)."""
-    import onnx
-
-    loaded = _stored_in_fp16(path) if fp16_stored else path
-    model = onnx.load(loaded) if isinstance(loaded, str) else onnx.load_from_string(loaded)
-    have = {o.name for o in model.graph.output}
-    for node in model.graph.node:
-        for name in node.output:
-            if name and name not in have:
-                model.graph.output.append(onnx.ValueInfoProto(name=name))
-                have.add(name)
-    return _session(model.SerializeToString())
-
-
 def _child_errors(request: dict) -> dict:
+    """Each shared value's error and the reference's values beyond fp16's range (``value_trace``), both models
+    with their fp16 values stored in fp16, as verification runs the candidate."""
     import numpy as np
 
+    from worker.engine.value_trace import traced_errors
+
     try:
-        reference = _every_value_session(request["reference"], True)
-        candidate = _every_value_session(request["candidate"], True)
-        feeds = _feeds(reference, request["shapes"], np.random.default_rng(request["seed"]), request.get("values"))
-        names = [o.name for o in reference.get_outputs()]
-        expected = dict(zip(names, reference.run(names, feeds)))
-        wanted = {i.name for i in candidate.get_inputs()}
-        found = [o.name for o in candidate.get_outputs()]
-        actual = dict(zip(found, candidate.run(found, {k: v for k, v in feeds.items() if k in wanted})))
-    except Exception as exc:
+        reference, candidate = (_loaded(_stored_in_fp16(request[side])) for side in ("reference", "candidate"))
+        feeds = _feeds(_Inputs(reference), request["shapes"], np.random.default_rng(request["seed"]),
+                       request.get("values"))
+        return traced_errors(reference, candidate, request["shapes"], feeds, rtol=request["rtol"],
+                             atol=request["atol"], memory_mb=int(request.get("memory_mb") or 0), fp16_max=FP16_MAX,
+                             not_finite=NOT_FINITE_ERROR,
+                             is_allocation_failure=lambda exc: isinstance(exc, MemoryError)
+                             or any(m in str(exc) for m in ALLOCATION_FAILURES))
+    except Exception as exc:  # noqa: BLE001 - either model failed to load or run
         return {"error": f"tracing the error of every value failed: {runtime_message(exc)}"}
-    rtol, atol = request["rtol"], request["atol"]
-    beyond = [name for name, a in expected.items() if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.size
-              and float(np.max(np.abs(np.where(np.isfinite(a), a, 0)))) > FP16_MAX]
-    errors = {}
-    for name, b in actual.items():
-        a = expected.get(name)
-        if a is None or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.dtype.kind != "f" \
-                or b.dtype.kind != "f":
-            continue
-        if b.shape != a.shape and b.ndim == 4 and b.shape == (a.shape[0], a.shape[2], a.shape[3], a.shape[1]):
-            b = b.transpose(0, 3, 1, 2)
-        if b.shape != a.shape or a.size == 0:
-            continue
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            equal = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
-            diff = np.where(equal, 0.0, np.abs(a64 - b64))
-            ratio = diff / (atol + rtol * np.abs(np.where(np.isfinite(a64), a64, 0.0)))
-        ratio = np.where(np.isfinite(ratio), ratio, NOT_FINITE_ERROR)
-        errors[name] = float(min(ratio.max(), NOT_FINITE_ERROR))
-    return {"errors": errors, "beyond_fp16": beyond}
+
+
+def _loaded(source):
+    import onnx
+
+    return onnx.load(source) if isinstance(source, str) else onnx.load_from_string(source)
+
+
+class _Inputs:
+    """A model's inputs as a session lists them (``_feeds`` draws from them), without a session."""
+
+    def __init__(self, model):
+        import onnx
+
+        weights = {t.name for t in model.graph.initializer}
+        types = {v: k for k, v in _DTYPES.items()}
+        self.inputs = []
+        for value in model.graph.input:
+            if value.name in weights or not value.type.HasField("tensor_type"):
+                continue
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            self.inputs.append(_Port(value.name, f"tensor({types.get(dtype.name, dtype.name)})", None))
+
+    def get_inputs(self) -> list:
+        return self.inputs
 
 
 def _ungenerated(session) -> str | None:
