@@ -35,3 +35,27 @@ def test_other_constants_stay(tmp_path, op, constant, first):
 def test_a_neutral_constant_that_broadcasts_to_a_larger_shape_is_refused(tmp_path):
     outcome = run(scale_model("Mul", np.ones((4, 2, 3)), out_shape=(4, 2, 3)), STEP, tmp_path)
     assert "Mul" in outcome.ops and outcome.refused("identity_scale_eliminate", "larger shape")
+
+
+def matmul_model(constant, constant_first, x_shape, out_shape):
+    inputs = ["k", "a"] if constant_first else ["a", "k"]
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("MatMul", inputs, ["b"]),
+             helper.make_node("Neg", ["b"], ["y"])]
+    return make_model(nodes, [vinfo("x", shape=list(x_shape))], [vinfo("y", shape=list(out_shape))],
+                      [tensor("k", np.asarray(constant, np.float32))])
+
+
+@pytest.mark.parametrize("constant, first, x_shape", [(np.ones((1, 1)), False, (2, 5, 1)),
+                                                      (np.ones((1, 1, 1)), True, (1, 1, 6))])
+def test_matmul_by_a_one_by_one_matrix_of_one_is_removed(tmp_path, constant, first, x_shape):
+    """What an attention over a single token keeps of its weights (timm's efficientvit_m0 at 64x64)."""
+    outcome = run(matmul_model(constant, first, x_shape, x_shape), STEP, tmp_path)
+    assert outcome.ops == ["Relu", "Neg"]
+
+
+def test_matmul_by_ones_that_broadcast_the_batch_is_refused_and_other_matrices_stay(tmp_path):
+    outcome = run(matmul_model(np.ones((3, 1, 1)), True, (1, 1, 6), (3, 1, 6)), STEP, tmp_path)
+    assert "MatMul" in outcome.ops and outcome.refused("identity_scale_eliminate", "data's shape")
+    for constant in (np.full((1, 1), 2.0), np.ones((1, 2))):
+        outcome = run(matmul_model(constant, False, (2, 1), (2, constant.shape[1])), STEP, tmp_path / "other")
+        assert "MatMul" in outcome.ops

@@ -32,3 +32,13 @@ def test_graph_input_to_graph_output_is_refused(tmp_path):
     nodes = [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1])]
     outcome = run(make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 3])]), STEP, tmp_path)
     assert outcome.ops == ["Transpose"] and outcome.refused("eliminate_nop_transpose", "graph output")
+
+
+def test_permutation_moving_only_unit_axes_is_removed(tmp_path):
+    """An attention over one token transposes its [1, 1, 1] weights (timm's efficientvit_m0 at 64x64): moving
+    axes of extent 1 changes neither the shape nor the order of the elements."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["b"], ["y"], perm=[0, 1, 3, 2])]
+    outcome = run(make_model(nodes, [vinfo("x", shape=[2, 1, 1, 5])], [vinfo("y", shape=[2, 1, 5, 1])]), STEP,
+                  tmp_path)
+    assert outcome.ops == ["Relu", "Transpose"]  # the first moves two unit axes; the second moves the 5

@@ -1,7 +1,7 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
-Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one) and pairs that collapse (Transposes,
-Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs around
-data movement. Registered on import."""
+Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax over one element) and pairs
+that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, global pooling + Flatten, Reshape before a binary op)
+and Q/DQ pairs around data movement. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
@@ -17,6 +17,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_pooling1x1,
     eliminate_qdq_around_data_movement,
     eliminate_reshape_before_binaryop,
+    eliminate_unit_softmax,
     fuse_consecutive_concats,
     fuse_consecutive_reshapes,
     fuse_consecutive_squeezes,

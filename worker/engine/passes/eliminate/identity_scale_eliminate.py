@@ -5,6 +5,12 @@
 (Paddle-Lite's identity_scale_eliminate and elementwise_mul_constant_eliminate.) The constant must be all
 ones (or zeros), of the input's element type, and broadcast into the input's shape without enlarging it, so
 the output has the input's shape. Exact up to the sign of zero (-0 + 0 is +0).
+
+    x:[.., m, 1] -> MatMul(x, ones[.., 1, 1]) -> y    becomes    x    (also MatMul(ones[.., 1, 1], x:[.., 1, n]))
+
+A matrix product by a 1x1 matrix of one (what an attention over a single token keeps of its weights once
+eliminate_unit_softmax made them constant): each element of x times one. Preconditions as for Mul: the ones
+of x's element type, and y known to have x's shape (the ones' batch dims enlarge nothing).
 """
 from __future__ import annotations
 
@@ -67,8 +73,30 @@ class IdentityScaleRule(Rule):
         return data
 
 
+class MatMulByOneRule(Rule):
+    """MatMul(x, c) or MatMul(c, x) -> x, c a constant [.., 1, 1] of ones."""
+
+    name = "identity_scale_eliminate"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        p.MatMul(p.var("x"), p.var("c").const(), out="y", commutative=True)
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> Value | str | None:
+        data, other, out = match.value("x"), match.value("c"), match.value("y")
+        constant = other.constant_value()
+        if constant.ndim < 2 or constant.shape[-2:] != (1, 1) or not is_all(constant, 1):
+            return None
+        if data.dtype != other.dtype:
+            return "the constant has another element type than the data"
+        if not same_shape(data.shape, out.shape):
+            return "the product is not known to have the data's shape"
+        return data
+
+
 @register_pass(name="identity_scale_eliminate", peer="Paddle-Lite", kind=PassKind.PROGRAM, level=1,
-               description="remove multiply/divide by one and add/subtract zero")
+               description="remove multiply/divide by one (a MatMul by a 1x1 one too) and add/subtract zero")
 def identity_scale_eliminate(ctx: PassContext) -> PassResult:
     return apply_rules(ctx, [IdentityScaleRule(("Mul", "Add"), commutative=True),
-                             IdentityScaleRule(("Div", "Sub"), commutative=False)])
+                             IdentityScaleRule(("Div", "Sub"), commutative=False), MatMulByOneRule()])
