@@ -420,7 +420,7 @@ def test_a_step_writes_its_candidate_in_the_form_verification_runs(tmp_path):
     # the child takes it as it is: no second rewrite (which would store each value twice)
     rewritten = []
     original = numeric._stored_in_fp16
-    numeric._stored_in_fp16 = lambda path: rewritten.append(path) or original(path)
+    numeric._stored_in_fp16 = lambda path, *rest: rewritten.append(path) or original(path, *rest)
     try:
         request = {"mode": "verify", "reference": str(source), "candidate": str(stored), "runs": 1,
                    "rtol": FP16_RTOL, "atol": FP16_ATOL, "seed": 0, "chunk_bytes": 0, "same_weights": None,

@@ -8,7 +8,7 @@ in any artifact, report or error. Families:
 - ``external``: tensors that keep their bytes in a file (initializers, Constant and ConstantOfShape values,
   sparse initializers, tensors inside bodies and functions), and malformed external-data fields;
 - ``bomb``: a few hundred bytes that ask for gigabytes or forever (ConstantOfShape, Range, Expand, Tile, Pad,
-  Resize, Loop trip counts and conditions, nesting);
+  Resize, Loop trip counts and conditions, nesting, functions that call the one before twice);
 - ``structure``: invalid graphs (a node reading its own output, cycles, duplicate names, unknown opsets,
   impossible Reshape dims, not a model at all);
 - ``tensor``: malformed initializers (payload sizes, data types, dims);
@@ -223,7 +223,23 @@ def bomb_cases() -> dict[str, tuple[Callable[[], onnx.ModelProto], str, str]]:
   }>""", "(float[1] x) => (float[1] y, float[2000000,1000] s)"), REFUSED, "limit max_loop_trips"),
         "bomb_nested_if_deep": (_nested_ifs(200), REFUSED, ""),
         "bomb_nested_if_33": (_nested_ifs(33), REFUSED, ""),
+        "bomb_function_calls_doubling": (lambda: _doubling_functions(40), REFUSED, "limit max_nodes"),
     }
+
+
+def _doubling_functions(levels: int) -> onnx.ModelProto:
+    """Model-local functions each calling the one before twice: one call in the graph stands for 2^levels
+    nodes, which shape inference would expand one by one."""
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("bomb", 1)]
+    functions = [helper.make_function("bomb", "f0", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])], imports)]
+    for k in range(1, levels + 1):
+        functions.append(helper.make_function(
+            "bomb", f"f{k}", ["a"], ["b"], [helper.make_node(f"f{k - 1}", ["a"], ["t"], domain="bomb"),
+                                           helper.make_node(f"f{k - 1}", ["t"], ["b"], domain="bomb")], imports))
+    model = _model([helper.make_node(f"f{levels}", ["x"], ["y"], domain="bomb")], [_vi("x")], [_vi("y")])
+    model.opset_import.append(helper.make_opsetid("bomb", 1))
+    model.functions.extend(functions)
+    return model
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -23,6 +23,7 @@ from worker.engine.cli import (add_option_arguments, add_output_arguments, add_p
 from worker.engine.cli import main as run_cli
 from worker.engine.errors import OptionsError, VerificationError
 from worker.engine.ir import load_model, save_model
+from worker.engine.ir.functions import qualified
 from worker.engine.numeric import (DEFAULT_ATOL, DEFAULT_RTOL, FP16_ATOL, FP16_RTOL, choose_shapes, save_stored_in_fp16,
                                    verify)
 from worker.engine.memory import formulas
@@ -36,7 +37,9 @@ from worker.engine.passes.support.casts import widens_fp16
 from worker.engine.passes.pipelines import (CHAINS, DOMAIN_FUSE, FUSE, MEMORY, PLACE, REPLACE, all_pipelines,
                                             get_pipeline, pass_names)
 from worker.engine.passes.place.support_check import KERNEL_PICK, kernel_pick_will_run, placement_support
-from worker.engine.kernels import default_table
+from worker.engine.kernels import KernelTable, default_table
+from worker.engine.kernels.ops import NHWC_PREFIX
+from worker.engine.kernels.pick import CAST_OPS, first_place
 from worker.engine.places import Precision, ValidPlaces, all_targets, parse_places
 from worker.engine.plugins import catalog
 from worker.engine.plugins.loader import PLUGINS
@@ -65,6 +68,21 @@ def validate_options(options: OptimizeOptions) -> ValidPlaces:
     places = parse_places(options.places, host_fallback=options.host_fallback)
     catalog.check_options(options)
     return places
+
+
+def functions_no_place_runs(kernels: KernelTable, places: ValidPlaces) -> Callable[[str, str], bool]:
+    """Chooses the model-local functions whose calls the loader replaces by their bodies: those no kernel of
+    a valid place runs (onnxruntime, too, inlines a function that no execution provider takes). A function
+    some place has a kernel for (an op of the mirserve domain, a plugin's op) stays one node, but for what an
+    earlier run's placement made (in a model mirserve optimized before): its casts and its NHWC forms, which
+    read and write NHWC tensors no standard op does. This run plans its own, so theirs become the Cast and
+    Transposes they compute, for the rewrites to cancel or keep."""
+    def runs_nowhere(domain: str, name: str) -> bool:
+        if domain == "mirserve" and (name in CAST_OPS or name.startswith(NHWC_PREFIX)):
+            return True
+        return not any(first_place(k, places) is not None
+                       for k in kernels.kernels(name, domain, targets=places.targets))
+    return runs_nowhere
 
 
 def tolerances(options: OptimizeOptions, places: ValidPlaces, widens_fp16: bool = False) -> tuple[float, float]:
@@ -99,17 +117,21 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
     if output_path is not None and not options.check_support_only and not directory.is_dir():
         raise OptionsError(f"{output_path}: the output directory {directory} does not exist", field="output")
     limits = options.limits
+    kernels = default_table()
+    inline = functions_no_place_runs(kernels, places)
     model = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
-                       target_opset=options.target_opset)
+                       target_opset=options.target_opset, inline=inline)
     apply_input_shapes(model.graph, options.input_shapes)
     before = {"path": str(model_path), "nodes": len(model.graph), "bytes": model_path.stat().st_size,
               "op_types": op_type_counts(model.graph),
               # what If/Loop/Scan bodies hold: an op there was not made by a rewrite
               "op_types_in_bodies": op_type_counts(n for g in model.graph.all_graphs() if g is not model.graph
                                                    for n in g)}
+    if model.inlined_functions:  # calls no valid place runs, replaced by the functions' bodies on load
+        before["inlined_functions"] = {qualified(key): n for key, n in model.inlined_functions.items()}
+    inlined = sorted({(domain, name) for domain, name, _ in model.inlined_functions})
     input_bytes = before["bytes"] + model.external_data_bytes  # the weights in external data count too
-    ctx = PassContext(model=model, options=options, places=places, kernels=default_table(),
-                      input_bytes=input_bytes)
+    ctx = PassContext(model=model, options=options, places=places, kernels=kernels, input_bytes=input_bytes)
     manager = PassManager(progress=progress)
     if options.check_support_only:
         return _support_report(ctx, manager, before, places, started)
@@ -143,7 +165,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
                                       timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb,
                                       chunk_bytes=chunk_bytes, mapped_bytes=mapped, same_weights=same,
                                       shapes_checked=bool((ctx.sample_shapes or {}).get("checked", True)),
-                                      values=steering)
+                                      values=steering, reference_inline=inlined)
                 if chunk_bytes:
                     verification["pieces_of_mb"] = chunk_bytes >> 20
                 if verification["passed"] is None and not options.allow_unverified:
@@ -157,13 +179,14 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
 
         verify_args = dict(input_shapes=shapes, shape_sets=ctx.sample_shapes["shapes"] if ctx.sample_shapes
                            else None, runs=options.verify_runs, rtol=rtol, atol=atol,
-                           timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering)
+                           timeout=limits.verify_seconds, memory_mb=limits.verify_memory_mb, values=steering,
+                           reference_inline=inlined)
 
         def reload(run_options: OptimizeOptions, pinned=frozenset(), kept=frozenset()) -> PassContext:
             """The input loaded again, to be built under ``run_options`` (nodes named in ``pinned`` in fp32,
             weights named in ``kept`` not stored in fp16)."""
             again = load_model(model_path, external_data_dir=external_data_dir, limits=limits,
-                               target_opset=options.target_opset)
+                               target_opset=options.target_opset, inline=inline)
             apply_input_shapes(again.graph, options.input_shapes)
             rebuilt = PassContext(model=again, options=run_options, places=places, kernels=ctx.kernels,
                                   input_bytes=input_bytes, pinned_fp32=frozenset(pinned),
@@ -449,7 +472,8 @@ def verify_errors(reference: str, candidate: str, shapes: Mapping[str, Any], ver
 
     return value_errors(reference, candidate, shapes=shapes, rtol=verify_args["rtol"], atol=verify_args["atol"],
                         timeout=verify_args["timeout"], memory_mb=verify_args["memory_mb"],
-                        values=verify_args.get("values"), with_range=True)
+                        values=verify_args.get("values"), with_range=True,
+                        reference_inline=verify_args.get("reference_inline", ()))
 
 
 def _declared_shapes(model, given: Mapping[str, Any]) -> dict[str, list[int]]:

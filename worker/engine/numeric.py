@@ -53,7 +53,7 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
            atol: float = DEFAULT_ATOL, seed: int = 0, timeout: float = 300, memory_mb: int = 0,
            chunk_bytes: int = 0, mapped_bytes: int = 0, same_weights: Mapping[str, Sequence] | None = None,
            shapes_checked: bool = True, values: Values | None = None, expected: str | None = None,
-           candidate_stored: bool = False) -> dict[str, Any]:
+           candidate_stored: bool = False, reference_inline: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
     """Compare the outputs of two models; raises VerificationError when they differ beyond the tolerance.
 
     ``shape_sets`` (from ``choose_shapes``) are the input shapes of each set of ``runs`` runs; without them,
@@ -76,10 +76,13 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
     the same reference, inputs and shapes read them instead of running the reference again (whole models
     only; what it holds is checked against the request, and a file that does not match is written anew).
     ``candidate_stored``: the candidate was written with its fp16 values stored in fp16 already
-    (``save_stored_in_fp16``), so the child loads it as it is.
+    (``save_stored_in_fp16``), so the child loads it as it is. ``reference_inline``: the (domain, name) of the
+    reference's model-local functions whose calls the engine replaced by their bodies; the reference runs so
+    too (``_stored_in_fp16``), or the fp16 values inside those bodies would be computed in fp32 on one side.
     """
     request = {"mode": "verify", "reference": str(reference), "candidate": str(candidate), "runs": runs,
                "expected": expected, "candidate_stored": candidate_stored,
+               "reference_inline": [list(key) for key in reference_inline],
                "rtol": rtol, "atol": atol, "seed": seed, "chunk_bytes": chunk_bytes,
                "same_weights": None if same_weights is None else {k: list(v) for k, v in same_weights.items()},
                "shapes_checked": shapes_checked, "values": dict(values or {}),
@@ -116,17 +119,18 @@ def verify(reference: str, candidate: str, *, input_shapes: Shapes | None = None
 
 def value_errors(reference: str, candidate: str, *, shapes: Shapes, rtol: float, atol: float, seed: int = 0,
                  timeout: float = 300, memory_mb: int = 0, values: Values | None = None,
-                 with_range: bool = False) -> Any:
+                 with_range: bool = False, reference_inline: Sequence[Sequence[str]] = ()) -> Any:
     """How far each value of the candidate's main graph is from the value of the same name in the reference,
     both run once on the same seeded inputs of ``shapes`` with every value as an output: the largest
     ``|candidate - reference| / (atol + rtol * |reference|)`` over its elements (1 is at the tolerance's edge;
     1e30 for a non-finite element where the reference has a finite one). An NHWC value (the reference's
     NCHW shape permuted) is compared transposed back; values that exist in one model only, or whose shapes
     differ otherwise, are left out. Raises VerificationError when either model cannot run. ``with_range``:
-    (errors, the names of the reference's values with a finite element beyond fp16's range)."""
+    (errors, the names of the reference's values with a finite element beyond fp16's range).
+    ``reference_inline`` as for ``verify``."""
     request = {"mode": "errors", "reference": str(reference), "candidate": str(candidate), "rtol": rtol,
                "atol": atol, "seed": seed, "shapes": {k: list(v) for k, v in shapes.items()},
-               "values": dict(values or {})}
+               "values": dict(values or {}), "reference_inline": [list(key) for key in reference_inline]}
     answer = _run_child(request, timeout, memory_mb, "tracing the error of every value")
     if answer.get("error"):
         raise VerificationError(answer["error"])
@@ -235,9 +239,10 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng, values: Values | N
 _CHUNK_BYTES = 0
 
 
-def _stored_in_fp16(source):
+def _stored_in_fp16(source, inline: Sequence[Sequence[str]] = ()):
     """The model (a path or its bytes) with every fp16 value its main graph passes between nodes stored in fp16,
-    as bytes, or ``source`` itself when it has none.
+    as bytes, or ``source`` itself when it has none. The calls of the model-local functions ``inline`` names
+    ((domain, name) pairs) are replaced by their bodies first, as the engine's loader replaced them.
 
     onnxruntime's CPU provider has no fp16 kernel for most ops: it runs them in fp32 between casts it
     inserts, and then drops each Cast(fp32 -> fp16) -> Cast(fp16 -> fp32) pair as redundant, even with graph
@@ -254,6 +259,14 @@ def _stored_in_fp16(source):
         return source
     model = onnx.load(source) if isinstance(source, str) else (
         onnx.load_from_string(source) if isinstance(source, bytes) else source)
+    if inline and model.functions:
+        from pathlib import Path
+
+        from worker.engine.ir.functions import inline_calls
+
+        wanted = {tuple(key) for key in inline}
+        model, _ = inline_calls(model, lambda domain, name: (domain, name) in wanted, Path("the input model"))
+        source = model.SerializeToString()
     if not _names_fp16(model):
         return source
     if not _declares_every_value(model.graph):
@@ -509,7 +522,8 @@ def _child_errors(request: dict) -> dict:
     from worker.engine.value_trace import traced_errors
 
     try:
-        reference, candidate = (_loaded(_stored_in_fp16(request[side])) for side in ("reference", "candidate"))
+        reference = _loaded(_stored_in_fp16(request["reference"], request.get("reference_inline", ())))
+        candidate = _loaded(_stored_in_fp16(request["candidate"]))
         feeds = _feeds(_Inputs(reference), request["shapes"], np.random.default_rng(request["seed"]),
                        request.get("values"))
         return traced_errors(reference, candidate, request["shapes"], feeds, rtol=request["rtol"],
@@ -701,7 +715,8 @@ def _verify_with(recorded: "_Recorded | None", request: dict) -> dict:
     import numpy as np
 
     try:
-        reference = recorded or _session(_stored_in_fp16(request["reference"]))
+        inline = request.get("reference_inline", ())
+        reference = recorded or _session(_stored_in_fp16(request["reference"], inline))
     except Exception as exc:
         return {"passed": None, "skipped": f"onnxruntime cannot run the input model: {runtime_message(exc)}",
                 "outputs": [], "runs": 0}

@@ -20,6 +20,8 @@ class Model:
     metadata: dict[str, str] = field(default_factory=dict)
     #: Model-local functions of the input, as FunctionProto (no pass rewrites their bodies).
     functions: list[Any] = field(default_factory=list)
+    #: Calls of model-local functions the loader replaced by their bodies, per (domain, name, overload).
+    inlined_functions: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: Parts of ModelProto no pass reads (training_info, configuration), kept for the writer.
     extra: dict[str, Any] = field(default_factory=dict)
     #: Bytes of the external data files the input's weights were read from (0: all in the model file).

@@ -23,7 +23,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper, version_conv
 from worker.engine.errors import ModelError, OptionsError
 from worker.engine.limits import Limits, LimitError, printable
 from worker.engine.atomic import atomic_path
-from worker.engine.ir import wire
+from worker.engine.ir import functions, wire
 from worker.engine.ir.journal import tracked
 from worker.engine.ir.graph import Graph, Names
 from worker.engine.ir.model import Model
@@ -103,10 +103,13 @@ def _expected_nbytes(dtype: int, shape: tuple[int, ...]) -> int | None:
 
 # --- loading ---------------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike | None = None,
-               limits: Limits = Limits(), target_opset: int | None = None) -> Model:
+               limits: Limits = Limits(), target_opset: int | None = None,
+               inline: Callable[[str, str], bool] | None = None) -> Model:
     """Read an ONNX file into the IR. Raises ModelError with a message that says what is wrong and where.
 
-    ``target_opset`` raises the model's default-domain opset to it first (see ``raise_opset``).
+    ``inline(domain, name)`` chooses the model-local functions whose calls are replaced by their bodies
+    (``functions.inline_calls``; the model's ``inlined_functions`` counts them). ``target_opset`` then raises
+    the model's default-domain opset to it (see ``raise_opset``).
 
     External data is read only from inside ``external_data_dir``, which the caller passes only for a model
     it trusts (a local file named on the command line); without it any external reference is refused.
@@ -134,14 +137,18 @@ def load_model(path: str | os.PathLike, *, external_data_dir: str | os.PathLike 
     if not proto.HasField("graph") or not proto.opset_import or proto.ir_version <= 0:
         raise ModelError(f"{path}: not an ONNX model (no graph, IR version or opset import)")
     _check_versions(proto, path)
-    _check_limits(proto.graph, limits, path)
+    _check_limits(proto, limits, path)
     _check_text(proto, path)
     external = ExternalData(external_data_dir) if external_data_dir is not None else None
     check_external_data(proto, external)
     check_tensor_types(proto)
+    inlined: dict[functions.FunctionKey, int] = {}
+    if inline is not None and proto.functions:
+        proto, inlined = functions.inline_calls(proto, inline, path)
     if target_opset is not None:
         proto, spans = raise_opset(proto, spans, target_opset, path)
     model = _Reader(path, mapped, spans, external, limits).model(proto)
+    model.inlined_functions = inlined
     model.external_data_bytes = external.mapped_bytes if external is not None else 0
     model.mapped_files = [mapped, *(external.files if external is not None else ())]
     _check_reshapes(model.graph, path)
@@ -239,10 +246,11 @@ def raise_opset(proto: onnx.ModelProto, spans: dict[int, wire.RawSpan], target: 
     return converted, moved
 
 
-def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
-    """Counts, nesting and declared dims, on the parsed protobuf before any IR is built."""
+def _check_limits(proto: onnx.ModelProto, limits: Limits, path: Path) -> None:
+    """Counts, nesting and declared dims, on the parsed protobuf before any IR is built; the nodes counted with
+    every call of a model-local function as the nodes it expands to."""
     nodes = values = 0
-    stack = [(graph, 1)]
+    stack = [(proto.graph, 1)]
     while stack:
         current, depth = stack.pop()
         if depth > limits.max_depth:
@@ -271,6 +279,11 @@ def _check_limits(graph: onnx.GraphProto, limits: Limits, path: Path) -> None:
             if any(not 0 <= d <= limits.max_dim for d in tensor.dims):
                 raise LimitError(f"{path}: initializer {printable(tensor.name)} has dimensions "
                                  f"{list(tensor.dims)}, each must be from 0 to {limits.max_dim} (limit max_dim)")
+    if proto.functions:
+        expanded = functions.expanded_nodes(proto, path)
+        if expanded > limits.max_nodes:
+            raise LimitError(f"{path}: its calls of model-local functions expand to {expanded:,} nodes, more than "
+                             f"{limits.max_nodes:,} (limit max_nodes; raise it with --limit max_nodes=N)")
 
 
 class _Reader:
