@@ -155,3 +155,19 @@ def test_the_reference_runs_once_for_many_candidates_with_a_file_for_its_outputs
     assert failed["passed"] is False and failed == _verify_in_process(reference, other, shape_sets=shape_sets)[0]
     again, opened = _verify_in_process(reference, same, shape_sets=shape_sets, expected=recorded, seed=1)
     assert opened == [str(reference), str(same)] and again["seed"] == 1  # other draws: recorded anew
+
+
+def test_an_input_larger_than_the_check_may_allocate_is_refused_naming_it(tmp_path):
+    """A declared [2^31, 2^31] input: numpy refused it with a bare ValueError that crashed the child."""
+    from onnx import TensorProto
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**31, 2**31])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**31, 2**31])])
+    path = tmp_path / "huge.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    with pytest.raises(VerificationError, match=r"verification cannot make input 'x' of shape "
+                                                r"2147483648x2147483648: its values alone take 16 EiB"):
+        verify(str(path), str(path), memory_mb=1024)

@@ -17,7 +17,7 @@ INTERNAL = re.compile(r"Traceback|\b(Value|Key|Type|Attribute|Index|UnicodeDecod
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 #: Cases whose outcome comes from running the model (verification children): the slow part of the corpus.
 SLOW = {"bomb_loop_condition_never_false", "bomb_constantofshape_negative", "bomb_range_float_infinite",
-        "name_duplicate_nodes"}
+        "name_duplicate_nodes", "bomb_input_dims_huge"}
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,9 @@ def bomb_cases() -> dict[str, tuple[Callable[[], onnx.ModelProto], str, str]]:
         "bomb_nested_if_deep": (_nested_ifs(200), REFUSED, ""),
         "bomb_nested_if_33": (_nested_ifs(33), REFUSED, ""),
         "bomb_function_calls_doubling": (lambda: _doubling_functions(40), REFUSED, "limit max_nodes"),
+        "bomb_input_dims_huge": (lambda: _model([helper.make_node("Relu", ["x"], ["y"])],
+                                                [_vi("x", shape=(2**31, 2**31))], [_vi("y", shape=(2**31, 2**31))]),
+                                 REFUSED, "cannot make input 'x'"),
     }
 
 

@@ -132,7 +132,7 @@ def _flag(name: str) -> str:
 
 
 def size_text(count: float) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if count >= 1 << shift:
             return f"{count / (1 << shift):.0f} {unit}"
     return f"{count:.0f} bytes"

@@ -19,6 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from worker.engine import forkserver
 from worker.engine.errors import VerificationError
+from worker.engine.limits import size_text
 from worker.engine.runtime import cpu_session, session_options
 from worker.engine.sample_values import runs_for
 
@@ -211,6 +212,25 @@ def _specs(session) -> list:
     return specs
 
 
+class InputTooLarge(MemoryError):
+    """An input whose values would not fit in what this process may allocate; the message names it."""
+
+
+def _check_input_size(name: str, dims: Sequence[int], itemsize: int) -> None:
+    """Refuse an input larger than this process's address space allows (the child's memory budget), before
+    numpy is asked for it (it refuses sizes beyond its own maximum with a bare ValueError)."""
+    import resource
+
+    nbytes = math.prod(dims) * itemsize  # Python integers: declared dims cannot wrap around
+    allowed, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if allowed == resource.RLIM_INFINITY:
+        allowed = 1 << 62
+    if nbytes > allowed:
+        raise InputTooLarge(f"verification cannot make input {name!r} of shape {'x'.join(map(str, dims))}: its "
+                            f"values alone take {size_text(nbytes)}, more than the check may allocate (limit "
+                            f"verify_memory_mb; give smaller shapes with --input-shape {name}=D0,D1,...)")
+
+
 def _feeds(session, shapes: Mapping[str, Sequence[int]], rng, values: Values | None = None, run: int = 0) -> dict:
     """Random inputs of ``shapes``; an input of ``values`` takes its value for ``run`` (None: drawn)."""
     import numpy as np
@@ -222,6 +242,7 @@ def _feeds(session, shapes: Mapping[str, Sequence[int]], rng, values: Values | N
         if kind not in _DTYPES:
             raise ValueError(f"input {item.name!r} has type {item.type}, which verification cannot generate")
         dtype = np.dtype(_DTYPES[kind])
+        _check_input_size(item.name, dims, dtype.itemsize)
         if dtype == np.bool_:  # an array even at rank 0, where the comparison gives a numpy scalar
             feeds[item.name] = np.asarray(rng.random(dims) > 0.5)
         elif np.issubdtype(dtype, np.floating):
@@ -531,6 +552,8 @@ def _child_errors(request: dict) -> dict:
                              not_finite=NOT_FINITE_ERROR,
                              is_allocation_failure=lambda exc: isinstance(exc, MemoryError)
                              or any(m in str(exc) for m in ALLOCATION_FAILURES))
+    except InputTooLarge as exc:
+        return {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - either model failed to load or run
         return {"error": f"tracing the error of every value failed: {runtime_message(exc)}"}
 
@@ -763,7 +786,10 @@ def _verify_with(recorded: "_Recorded | None", request: dict) -> dict:
     for index, shapes in enumerate(shape_sets):
         for run in range(runs):
             rng = np.random.default_rng(request["seed"] + run)
-            feeds = _feeds(reference, shapes, rng, values, run)
+            try:
+                feeds = _feeds(reference, shapes, rng, values, run)
+            except InputTooLarge as exc:
+                return {"error": str(exc)}
             try:
                 expected = reference.run(names, feeds)
             except _NotRecorded:
