@@ -10,7 +10,10 @@ Two steps, in two environments:
   non-trivial values, and exports it with both exporters:
 
   - ``dynamo``: ``torch.onnx.export(..., dynamo=True)``, the exporter's default opset;
-  - ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``.
+  - ``torchscript``: ``torch.onnx.export(..., dynamo=False, opset_version=17)``;
+  - ``functions`` (only when asked for, ``--exporter functions``): the TorchScript exporter with
+    ``export_modules_as_functions=True``, every module a model-local function whose calls carry its
+    attributes (what a model that keeps its functions looks like to mirserve).
 
   Inputs are small and static (1x3x64x64 for most; the smallest size an architecture accepts otherwise, e.g.
   inception_v3 at 80, maxvit_t and efficientformer_l1 at 224, ViT-style models at a 4x4 patch grid through
@@ -38,7 +41,7 @@ Two steps, in two environments:
 
 Usage:
     /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth]
-        [--exporter dynamo|torchscript] [--out DIR] [--force] [--list]
+        [--exporter dynamo|torchscript|functions] [--out DIR] [--force] [--list]
     .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth] [--exporter ...] [--config NAME ...]
         [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
@@ -60,6 +63,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out" / "vision"
 EXPORTERS = ("dynamo", "torchscript")
+#: Exporters run only when asked for by name.
+EXTRA_EXPORTERS = ("functions",)
 PEERS_SCRIPT = REPO.parent / "shared" / "bench" / "peers.py"
 if not PEERS_SCRIPT.exists():
     PEERS_SCRIPT = Path("/work/shared/bench/peers.py")
@@ -317,7 +322,8 @@ def export(name: str, exporter: str, path: Path) -> None:
         else:
             torch.onnx.export(model, (image,), str(path), dynamo=False, opset_version=17, input_names=["images"],
                               output_names=["logits"], do_constant_folding=True,
-                              dynamic_axes={"images": axes, "logits": {0: "batch"}} if dynamic else None)
+                              dynamic_axes={"images": axes, "logits": {0: "batch"}} if dynamic else None,
+                              export_modules_as_functions=exporter == "functions")
 
 
 def export_all(names, exporters, out: Path, force: bool) -> int:
@@ -516,7 +522,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
     parser.add_argument("--third", action="store_true", help="only the third batch (THIRD)")
     parser.add_argument("--fourth", action="store_true", help="only the fourth batch (FOURTH)")
-    parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
+    parser.add_argument("--exporter", action="append", choices=EXPORTERS + EXTRA_EXPORTERS,
+                        help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--force", action="store_true", help="export (or run) again even if done")

@@ -186,3 +186,32 @@ def test_a_model_mirserve_optimized_is_optimized_again_for_other_places(tmp_path
     feeds = {"x": np.random.default_rng(1).random((1, 3, 48, 192), dtype=np.float32)}
     np.testing.assert_allclose(run_onnxruntime(tmp_path / "twice2.onnx", feeds)[0],
                                run_onnxruntime(source, feeds)[0], atol=5e-3)
+
+
+def tensor_parameter_model(referring_tensor: onnx.TensorProto | None = None):
+    """y = x * k, with k a tensor attribute of the call that the body's Constant refers to (as torch's
+    export_modules_as_functions passes each module's weights)."""
+    constant = helper.make_node("Constant", [], ["k"])
+    reference = AttributeProto(name="value", ref_attr_name="weight", type=AttributeProto.TENSOR)
+    if referring_tensor is not None:
+        reference.t.CopyFrom(referring_tensor)
+    constant.attribute.append(reference)
+    scale = function("scale", [constant, helper.make_node("Mul", ["a", "k"], ["b"])], attributes=["weight"])
+    weight = onnx.numpy_helper.from_array(np.full((4,), 3.0, np.float32))
+    return model_with([scale], [call("scale", ["x"], ["y"], weight=weight)])
+
+
+def test_a_tensor_attribute_a_body_refers_to_is_read_from_the_call(tmp_path):
+    source = save(tensor_parameter_model(), tmp_path)
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions())
+    assert report["verification"]["passed"] is True
+    feeds = {"x": np.ones((2, 4), np.float32)}
+    np.testing.assert_array_equal(run_onnxruntime(tmp_path / "out.onnx", feeds)[0], np.full((2, 4), 3.0))
+
+
+def test_a_reference_that_also_names_external_data_is_still_refused(tmp_path):
+    named = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    named.data_location = onnx.TensorProto.EXTERNAL
+    named.external_data.add(key="location", value="/etc/passwd")
+    with pytest.raises(ModelError, match="external"):
+        load_model(save(tensor_parameter_model(named), tmp_path))

@@ -252,6 +252,8 @@ def _node_tensors(label: str, nodes, stack: list, with_initializers: bool = Fals
         for attr in node.attribute:
             name = f"attribute {attr.name!r} of {where}"
             if attr.type == AttributeProto.TENSOR:
+                if attr.ref_attr_name and not attr.HasField("t"):
+                    continue  # a function's reference to the caller's attribute: the call holds the tensor
                 yield name, attr.t
             elif attr.type == AttributeProto.TENSORS:
                 for tensor in attr.tensors:
