@@ -27,8 +27,8 @@ def function(name, nodes, inputs=("a",), outputs=("b",), opset=17, attributes=()
                                 [helper.make_opsetid("", opset), LOCAL], attributes=list(attributes))
 
 
-def call(name, inputs, outputs, **attrs):
-    return helper.make_node(name, inputs, outputs, domain="local", **attrs)
+def call(op, inputs, outputs, **attrs):
+    return helper.make_node(op, inputs, outputs, domain="local", **attrs)
 
 
 def model_with(functions, nodes, opset=17, inputs=("x",), outputs=("y",)):
@@ -72,6 +72,14 @@ def test_a_function_that_reaches_a_call_of_itself_is_refused(tmp_path):
     with pytest.raises(ModelError, match=r"function 'local.ping' calls itself \(through 'local.ping' -> "
                                          r"'local.pong' -> 'local.ping'\), so its calls never end"):
         load_model(save(model_with([ping, pong], [call("ping", ["x"], ["y"])]), tmp_path))
+
+
+def test_a_function_defined_twice_or_called_with_more_than_it_declares_is_refused(tmp_path):
+    first, second = (function("f", [helper.make_node(op, ["a"], ["b"])]) for op in ("Neg", "Relu"))
+    with pytest.raises(ModelError, match="function 'local.f' is defined twice"):
+        load_model(save(model_with([first, second], [call("f", ["x"], ["y"])]), tmp_path))
+    with pytest.raises(ModelError, match="node 'n' calls function 'local.f' with 2 inputs; it declares 1"):
+        load_model(save(model_with([first], [call("f", ["x", "x"], ["y"], name="n")]), tmp_path))
 
 
 def test_a_call_inside_a_body_nested_in_a_function_is_counted(tmp_path):

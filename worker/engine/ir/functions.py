@@ -63,6 +63,26 @@ def _name(key: FunctionKey) -> str:
     return printable(qualified(key))
 
 
+def check_calls(model: onnx.ModelProto, path: Path) -> None:
+    """Each function is defined once, and each call passes no more inputs and outputs than it declares."""
+    functions: dict[FunctionKey, onnx.FunctionProto] = {}
+    for function in model.functions:
+        key = _key(function.domain, function.name, function.overload)
+        if key in functions:
+            raise ModelError(f"{path}: function {_name(key)} is defined twice")
+        functions[key] = function
+    for nodes in (model.graph.node, *(f.node for f in model.functions)):
+        for node in _nodes(nodes):
+            callee = _callee(node, functions)
+            if callee is None:
+                continue
+            for what, given, declared in (("inputs", node.input, functions[callee].input),
+                                          ("outputs", node.output, functions[callee].output)):
+                if len(given) > len(declared):
+                    raise ModelError(f"{path}: node {printable(node.name)} calls function {_name(callee)} with "
+                                     f"{len(given)} {what}; it declares {len(declared)}")
+
+
 def expanded_nodes(model: onnx.ModelProto, path: Path) -> int:
     """Nodes of the main graph and its bodies with every call of a model-local function counted as the nodes
     its body expands to; raises ModelError when a function reaches a call of itself."""

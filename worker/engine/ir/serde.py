@@ -280,6 +280,7 @@ def _check_limits(proto: onnx.ModelProto, limits: Limits, path: Path) -> None:
                 raise LimitError(f"{path}: initializer {printable(tensor.name)} has dimensions "
                                  f"{list(tensor.dims)}, each must be from 0 to {limits.max_dim} (limit max_dim)")
     if proto.functions:
+        functions.check_calls(proto, path)
         expanded = functions.expanded_nodes(proto, path)
         if expanded > limits.max_nodes:
             raise LimitError(f"{path}: its calls of model-local functions expand to {expanded:,} nodes, more than "
