@@ -6,6 +6,12 @@ the view's input directly.
 A view never reorders elements, so only the final shape matters. ``s2'`` is the static output shape when type
 inference knows it; otherwise ``s2`` with each 0 (copy a dim of ``t``) kept when ``t`` and ``x`` have the same
 dim there, or replaced by ``t``'s static dim. The first op goes away once nothing else reads it. Exact.
+
+A Squeeze, Unsqueeze or Flatten of a Reshape's output (read by nothing else) whose shape type inference knows
+statically is one Reshape to that shape (TorchScript's MobileNetV4 attention writes k as Reshape(1, 64, -1)
+-> Unsqueeze(1), which its dynamo export writes as one Reshape(1, 1, 64, -1)):
+
+    x -> Reshape(s1) -> t -> Unsqueeze(a) -> y:[1, 1, 64, 4]    becomes    x -> Reshape(1, 1, 64, 4) -> y
 """
 from __future__ import annotations
 
@@ -73,9 +79,34 @@ class ConsecutiveReshapes(Rule):
         second.set_input(0, match.value("x"))
 
 
+class ViewAfterReshape(Rule):
+    name = "fuse_consecutive_reshapes"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name + "_view_after_reshape")
+        t = p.Reshape(p.var("x"), p.var("s1"), key="first", out="t")
+        p.op(("Flatten", "Squeeze", "Unsqueeze"), t, key="second", out="y")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> list[int] | str | None:
+        shape = static_shape(match.value("y"))
+        if shape is None:
+            return None  # the second op's shape follows the input's: nothing static to write
+        if 0 in shape:
+            return "its output has an empty dim, which a Reshape target would read as a copy"
+        return list(shape)
+
+    def rewrite(self, ctx: PassContext, match: Match, target: list[int]) -> Node:
+        second = match.node("second")
+        shape = match.graph.root.add_initializer(f"{second.name}_shape", np.array(target, dtype=np.int64))
+        return match.graph.add_node("Reshape", [match.value("x"), shape], [match.value("y")], name=second.name,
+                                    before=second)
+
+
 @register_pass(name="fuse_consecutive_reshapes", kind=PassKind.PROGRAM, level=1,
-               description="a Reshape after Reshape/Flatten/Squeeze/Unsqueeze reads the first op's input")
+               description="a Reshape after Reshape/Flatten/Squeeze/Unsqueeze reads the first op's input; a "
+                           "Flatten/Squeeze/Unsqueeze of a static shape after a Reshape is one Reshape")
 def fuse_consecutive_reshapes(ctx: PassContext) -> PassResult:
     if ctx.opset() < 5:
         return PassResult()  # Reshape keeps its shape as an attribute before opset 5
-    return apply_rules(ctx, [ConsecutiveReshapes()])
+    return apply_rules(ctx, [ConsecutiveReshapes(), ViewAfterReshape()])
