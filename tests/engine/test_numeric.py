@@ -171,3 +171,26 @@ def test_an_input_larger_than_the_check_may_allocate_is_refused_naming_it(tmp_pa
     with pytest.raises(VerificationError, match=r"verification cannot make input 'x' of shape "
                                                 r"2147483648x2147483648: its values alone take 16 EiB"):
         verify(str(path), str(path), memory_mb=1024)
+
+
+def test_an_input_that_never_runs_is_named_when_the_optimized_model_does_not_load(tmp_path):
+    """An exporter's shapes that disagree fail the input when it runs, and the optimized model already at load
+    once folding made them static (CANINE's TorchScript export): the input is the model at fault. (An input that
+    runs keeps the optimized model named: test_a_model_onnxruntime_cannot_load_is_a_verification_error.)"""
+    def reshape_matmul(name, x_shape, shape_nodes):
+        nodes = [*shape_nodes, helper.make_node("Reshape", ["x", "s"], ["r"]),
+                 helper.make_node("MatMul", ["r", "w"], ["y"])]
+        inits = [tensor("three", np.array([3], np.int64)), tensor("w", np.ones((4, 2), np.float32))]
+        if not shape_nodes:
+            inits.append(tensor("s", np.array([2, 3], np.int64)))
+        model = make_model(nodes, [vinfo("x", shape=x_shape)], [vinfo("y", shape=["m", 2])], inits)
+        path = tmp_path / name
+        onnx.save(model, str(path))
+        return path
+
+    computed = [helper.make_node("Shape", ["x"], ["n"]), helper.make_node("Div", ["n", "three"], ["rows"]),
+                helper.make_node("Concat", ["rows", "three"], ["s"], axis=0)]  # [n / 3, 3]: known at run time
+    given, folded = reshape_matmul("given.onnx", ["n"], computed), reshape_matmul("folded.onnx", [6], [])
+    report = verify(given, folded, input_shapes={"x": [6]})
+    assert report["passed"] is None and "cannot run the input model on inputs of shapes x=6" in report["skipped"]
+    assert "the optimized model does not load either" in report["skipped"]
