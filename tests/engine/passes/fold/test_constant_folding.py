@@ -229,3 +229,17 @@ def test_a_folded_value_that_sizes_an_unknown_shape_has_types_inferred_again(tmp
     written = onnx.load(str(tmp_path / "out.onnx"))
     assert [n.op_type for n in written.graph.node] == ["Pad"] * 12
     assert written.graph.output[0].type.tensor_type.shape.dim[2].dim_value == height
+
+
+@pytest.mark.parametrize("op, attrs", [("NonZero", {}), ("Compress", {"axis": 0}), ("Compress", {})])
+def test_ops_sized_by_their_values_fold_on_constants(tmp_path, op, attrs):
+    """NonZero and Compress of constants: their output's size follows from the values alone, which type
+    inference cannot give (Longformer's sliding-window masks index with NonZero of a constant)."""
+    mask = tensor("mask", np.array([1, 0, 1, 1], np.int64))
+    reads = ["mask"] if op == "NonZero" else ["data", "keep"]
+    nodes = [helper.make_node(op, reads, ["picked"], **attrs), helper.make_node("Cast", ["picked"], ["f"], to=1),
+             helper.make_node("ReduceSum", ["f"], ["s"], keepdims=0), helper.make_node("Add", ["x", "s"], ["y"])]
+    inits = [mask, tensor("data", np.arange(8, dtype=np.int64).reshape(4, 2)),
+             tensor("keep", np.array([True, False, True, True]))]
+    outcome = run(make_model(nodes, [vinfo("x", shape=[2])], [vinfo("y", shape=[2])], inits), STEP, tmp_path)
+    assert outcome.ops == ["Add"]

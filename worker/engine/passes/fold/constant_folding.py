@@ -125,6 +125,12 @@ def _count_from_input_shapes(node: Node, inputs: list) -> int | None:
         return 1
     if node.op_type == "Concat":
         return sum(int(a.size) for a in present)
+    if node.op_type == "NonZero":  # one index per axis of each nonzero element (Longformer's window masks)
+        return max(data.ndim, 1) * int(np.count_nonzero(data))
+    if node.op_type == "Compress" and len(present) == 2:  # at most the selected slices (no axis: elements)
+        axis = node.attr("axis")
+        slice_size = 1 if axis is None or not data.ndim else data.size // max(data.shape[int(axis) % data.ndim], 1)
+        return int(np.count_nonzero(present[1])) * slice_size
     if node.op_type == "Gather" and len(present) == 2 and data.ndim:
         axis = int(node.attr("axis", 0)) % data.ndim
         return int(data.size // max(data.shape[axis], 1) * present[1].size) if data.shape[axis] else 0
