@@ -1,7 +1,8 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
 Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax over one element) and pairs
-that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, global pooling + Flatten, Reshape
-before a binary op) and Q/DQ pairs around data movement. Registered on import."""
+that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction and the Unsqueeze
+that restores its axes, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs around data
+movement. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
@@ -19,6 +20,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_reshape_before_binaryop,
     eliminate_unit_softmax,
     fuse_consecutive_concats,
+    fuse_consecutive_reduce_unsqueeze,
     fuse_consecutive_reshapes,
     fuse_consecutive_slices,
     fuse_consecutive_squeezes,
