@@ -69,7 +69,7 @@ CLEANUP: tuple[str, ...] = (
     "eliminate_identity", "identity_dropout_eliminate", "eliminate_nop_cast", "eliminate_nop_reshape",
     "eliminate_nop_transpose", "eliminate_nop_pad", "eliminate_nop_slice", "eliminate_nop_expand",
     "eliminate_nop_concat", "eliminate_nop_split", "eliminate_pooling1x1", "eliminate_unit_softmax",
-    "identity_scale_eliminate",
+    "eliminate_unit_reduce", "identity_scale_eliminate",
     "eliminate_flatten_after_innerproduct", "eliminate_flatten_after_global_pooling",
     "eliminate_reshape_before_binaryop", "fuse_consecutive_transposes", "fuse_consecutive_reshapes",
     "fuse_consecutive_squeezes", "fuse_consecutive_slices", "fuse_consecutive_concats",

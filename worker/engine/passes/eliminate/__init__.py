@@ -1,8 +1,8 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
-Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax over one element) and pairs
-that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction and the Unsqueeze
-that restores its axes, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs around data
-movement. Registered on import."""
+Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax or a reduction over one
+element) and pairs that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction
+and the Unsqueeze that restores its axes, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs
+around data movement. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
@@ -18,6 +18,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_pooling1x1,
     eliminate_qdq_around_data_movement,
     eliminate_reshape_before_binaryop,
+    eliminate_unit_reduce,
     eliminate_unit_softmax,
     fuse_consecutive_concats,
     fuse_consecutive_reduce_unsqueeze,
