@@ -198,3 +198,33 @@ def test_an_attention_over_constants_alone_is_left_to_constant_folding(tmp_path)
     out = optimize(tmp_path, model, [PASS])
     assert "ScaledDotProductAttention" not in out.ops
     assert out.refused("every input of the chain is computed from constants: constant folding computes it")
+
+
+def runtime_scaled_sdpa(opset: int):
+    """sdpa_model with its sqrt(scale) computed from q's shape (D ** -0.25), as TorchScript exports torch's
+    scaled_dot_product_attention: not a constant when the chains are first fused."""
+    model = sdpa_model(opset=opset)
+    graph = model.graph
+    kept = [i for i in graph.initializer if i.name != "c"]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([3], np.int64), "last"))
+    make = onnx.helper.make_node
+    computed = [make("Shape", ["q"], ["shape"]), make("Gather", ["shape", "last"], ["d"]),
+                make("Cast", ["d"], ["df"], to=onnx.TensorProto.FLOAT), make("Sqrt", ["df"], ["root"]),
+                make("Sqrt", ["root"], ["fourth"]), make("Reciprocal", ["fourth"], ["c"])]
+    nodes = computed + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+@pytest.mark.parametrize("passes, op, opset", [(PASS, "ScaledDotProductAttention", 18),
+                                               ("attention_fuse", "Attention", 23)])
+def test_a_query_and_keys_scaled_at_run_time_give_their_scale_to_the_op_once_it_folds(tmp_path, passes, op, opset):
+    """Fused in the first round with the two Muls outside (their scale not yet a constant), the Muls go into the
+    op's scale once folding has made it one (timm's PiT and CaFormer exported by TorchScript)."""
+    out = optimize(tmp_path, runtime_scaled_sdpa(opset), [passes, "eliminate_shape_op", "constant_folding", passes])
+    assert "Mul" not in out.ops and op in out.ops
+    node = next(n for n in out.model.graph if n.op_type == op)
+    assert node.attr("scale") == pytest.approx(D ** -0.5)

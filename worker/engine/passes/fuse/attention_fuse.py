@@ -87,7 +87,7 @@ from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.attention_inputs import (HEADS_PERM, BooleanMask, CausalMask, KeysThroughThreeDims,
-                                                           PastKeyValues, heads_layout)
+                                                           PastKeyValues, ScaledOperand, heads_layout)
 from worker.engine.passes.support.operands import int_list
 from worker.engine.passes.support.transformer_chains import ScaledDotProduct, static4
 from worker.engine.passes.support.weights import FLOAT_TYPES, numpy_dtype
@@ -229,7 +229,8 @@ def attention_fuse(ctx: PassContext) -> PassResult:
     # The cache before the causal mask: the op's causal triangle is offset by the cached keys, so a triangle is
     # only read as is_causal once the cache it is offset by is the op's past_key.
     inputs = [KeysThroughThreeDims(), RepeatKV(), PastKeyValues(), BooleanMask(), CausalMask(padded=True),
-              CausalMask(padded=False)]
+              CausalMask(padded=False), ScaledOperand(("", "Attention"), 0), ScaledOperand(("", "Attention"), 1),
+              ScaledOperand(("", "Attention"), 1, transposed=True)]
     existing = {id(n) for graph in ctx.graph.live_graphs() for n in graph.nodes_of_type("Attention")}
     result = apply_rules(ctx, [*rules, *inputs, HeadsLayout(cache=True), HeadsLayout(cache=False)])
     # HeadsLayout replaces an op by one of the same name: one the model had keeps its own mask semantics.

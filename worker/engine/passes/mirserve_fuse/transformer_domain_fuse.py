@@ -33,7 +33,7 @@ from worker.engine.mirserve_domain.ops import DOMAIN, VERSION
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
 from worker.engine.passes.support.activations import forms
-from worker.engine.passes.support.attention_inputs import HEADS_PERM, heads_layout
+from worker.engine.passes.support.attention_inputs import HEADS_PERM, ScaledOperand, heads_layout
 from worker.engine.passes.support.casts import same_memory
 from worker.engine.passes.support.constants import computed_from_constants
 from worker.engine.passes.support.mirserve_ops import emit_refusal
@@ -226,4 +226,6 @@ def transformer_domain_fuse(ctx: PassContext) -> PassResult:
     rules += [DomainAttention(scale, masks, nan_guard, fill) for nan_guard in (True, False)
               for masks, fill in ((2, ""), *((m, f) for m in (1, 0) for f in ("if_true", "if_false", "")))
               for scale in scales]
-    return apply_rules(ctx, [*rules, DomainHeadsLayout()])
+    scaled = [ScaledOperand((DOMAIN, op), slot) for op in ("ScaledDotProductAttention", "MultiHeadAttention")
+              for slot in (0, 1)]
+    return apply_rules(ctx, [*rules, DomainHeadsLayout(), *scaled])

@@ -245,3 +245,66 @@ class KeysThroughThreeDims(Rule):
         keys.dtype, keys.shape = k.dtype, plan
         attention.set_input(1, keys)
         return [reshape, attention]
+
+
+class ScaledOperand(Rule):
+    """A query or key an attention op reads through a Mul by a constant scalar: the scalar goes into the op's
+    scale, since (c q) kT = q (c kT) = c (q kT).
+
+        Attention(Mul(q, c), k, v, scale=s)    ->  Attention(q, k, v, scale=s * c)      (the keys likewise)
+
+    torch's scaled_dot_product_attention as TorchScript exports it scales q and kT each by the square root of a
+    scale computed from q's shape at run time (timm's PiT, CaFormer): a chain fused in the first round, before
+    that computation folds, keeps both Muls outside the op. ``op`` is (domain, op type), ``slot`` the input
+    (0 the query, 1 the keys); ``transposed``: the op reads it through a Transpose (the standard op's keys, the
+    Transpose attention_fuse puts before them), which then reads ``q`` itself. An op without a scale attribute
+    takes 1 / sqrt(head size) (the standard op's default), known from a static query."""
+
+    pattern_args = ("op", "slot", "transposed")
+
+    def __init__(self, op: tuple[str, str], slot: int, transposed: bool = False):
+        super().__init__()
+        self.op, self.slot, self.transposed = op, slot, transposed
+        self.name = f"{op[1]}_scaled_{'query' if slot == 0 else 'keys'}{'_transposed' if transposed else ''}"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        scaled = p.Mul(p.var("x"), p.var("c"), key="mul", commutative=True)
+        if self.transposed:
+            scaled = p.Transpose(scaled, key="transpose")
+        inputs = [scaled if i == self.slot else None for i in range(self.slot + 1)]
+        p.op(self.op[1], *inputs, key="attention", domain=self.op[0])
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> float | str | None:
+        c, attention = scalar(match.value("c")), match.node("attention")
+        if c is None or not np.isfinite(c):
+            return None  # a Mul by a tensor or by something known only at run time: no scale to take
+        if match.value("x").shape is None or match.value("x").shape != match.node("mul").outputs[0].shape:
+            return f"{describe(match.node('mul'))} is not known to keep its operand's shape"
+        scale = attention.attr("scale")
+        if scale is None:
+            scale = default_scale(attention)
+            if scale is None:
+                return f"{describe(attention)} has no scale and its query's head size is not known"
+        return float(scale) * c
+
+    def rewrite(self, ctx: PassContext, match: Match, scale: float) -> Node:
+        attention = match.node("attention")
+        reader = match.node("transpose") if self.transposed else attention
+        reader.set_input(0 if self.transposed else self.slot, match.value("x"))
+        attention.set_attr("scale", scale)
+        return attention
+
+
+def default_scale(attention: Node) -> float | None:
+    """The standard Attention's scale without the attribute: 1 / sqrt(head size), from a static query."""
+    shape = attention.input(0).shape
+    if shape is None or not isinstance(shape[-1], int):
+        return None
+    if len(shape) == 4:
+        return 1.0 / float(np.sqrt(shape[-1]))
+    heads = attention.attr("q_num_heads")
+    if len(shape) == 3 and heads and shape[-1] % heads == 0:
+        return 1.0 / float(np.sqrt(shape[-1] // heads))
+    return None
