@@ -22,8 +22,7 @@ def reduction(op, axes, keepdims, x_shape, out_shape, opset=18):
                       opset=opset)
 
 
-@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-                                "ReduceLogSumExp"])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"])
 def test_a_reduction_over_one_element_is_its_input(tmp_path, op):
     outcome = run(reduction(op, [-1], 1, (1, 8, 4, 1), (1, 8, 4, 1)), STEP, tmp_path)
     assert outcome.ops == ["Relu", "Neg"]
@@ -37,7 +36,8 @@ def test_without_keepdims_it_is_a_squeeze(tmp_path):
 def test_more_elements_or_other_reductions_stay(tmp_path):
     assert run(reduction("ReduceSum", [2], 1, (1, 8, 4, 1), (1, 8, 1, 1)), STEP, tmp_path / "a").ops == \
         ["Relu", "ReduceSum", "Neg"]
-    assert run(reduction("ReduceL2", [3], 1, (1, 8, 4, 1), (1, 8, 4, 1)), STEP, tmp_path / "b").ops == \
-        ["Relu", "ReduceL2", "Neg"]
+    for op in ("ReduceL2", "ReduceLogSumExp"):  # |x| and log(exp(x)), which overflows for a large x
+        assert run(reduction(op, [3], 1, (1, 8, 4, 1), (1, 8, 4, 1)), STEP, tmp_path / op).ops == \
+            ["Relu", op, "Neg"]
     assert run(reduction("ReduceSum", None, 1, (1, 8, 4, 1), (1, 1, 1, 1)), STEP, tmp_path / "c").ops == \
         ["Relu", "ReduceSum", "Neg"]
