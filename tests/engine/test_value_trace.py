@@ -84,11 +84,11 @@ def test_a_chunk_that_runs_out_of_memory_is_split(tmp_path, monkeypatch):
     run = value_trace._run
     sizes = []
 
-    def bounded(model, names, feeds):
+    def bounded(segments, names):
         sizes.append(len(names))
         if len(names) > 2:
             raise RuntimeError("BFCArena::AllocateRawInternal Failed to allocate memory for requested buffer")
-        return run(model, names, feeds)
+        return run(segments, names)
 
     monkeypatch.setattr(value_trace, "_run", bounded)
     is_failure = lambda exc: "Failed to allocate" in str(exc)  # noqa: E731
@@ -101,12 +101,28 @@ def test_a_chunk_that_runs_out_of_memory_is_split(tmp_path, monkeypatch):
         _trace(reference, candidate, feeds, memory_mb=0)
 
 
-def test_a_chunk_runs_only_the_nodes_its_values_depend_on(tmp_path):
+def test_a_chunk_runs_only_the_nodes_its_values_depend_on_that_no_chunk_ran(tmp_path, monkeypatch):
+    """Each node runs once: a later chunk's session is fed what earlier chunks computed (typed from the arrays:
+    the input model declares no value's type), and the model is left as it was."""
     reference, _, feeds = _models(tmp_path, moving_data())
-    assert [reference.graph.node[i].name for i in sorted(value_trace._ancestors(reference.graph, ["r"]))] == \
-        ["embed", "reshape"]
-    assert set(value_trace._run(reference, ["h"], feeds)) == {"h"}
+    assert not reference.graph.value_info
+    sessions = []
+    real = value_trace._Segments._run_nodes
+
+    def recorded(self, needed, names):
+        sessions.append(sorted(reference.graph.node[i].name for i in needed))
+        return real(self, needed, names)
+
+    monkeypatch.setattr(value_trace._Segments, "_run_nodes", recorded)
+    segments = value_trace._Segments(reference, feeds, ["h", "r", "t", "u", "y"])
+    assert set(segments.run(["h"])) == {"h"}
+    assert set(segments.run(["u", "t", "r"])) == {"u", "t", "r"}
+    chunked = segments.run(["y"])["y"]
+    assert sessions == [["embed"], ["mix", "reshape", "transpose"], ["relu"]]
+    assert not segments.kept  # nothing is held once no node or chunk still reads it
+    np.testing.assert_array_equal(chunked, value_trace._Segments(reference, feeds, ["y"]).run(["y"])["y"])
     assert len(reference.graph.node) == 5 and [o.name for o in reference.graph.output] == ["y"]  # as it was
+    assert [i.name for i in reference.graph.input] == ["x"]
 
 
 def test_auto_mixed_precision_traces_within_the_verification_memory(tmp_path):
