@@ -96,3 +96,20 @@ def test_console_script_runs_as_a_program(tmp_path):
     assert re.search(r"415 -> \d+ nodes", done.stdout) and "not verified" in done.stdout
     done = subprocess.run([sys.executable, "-m", "worker.engine.cli", "optimize", RESNET], capture_output=True, text=True)
     assert done.returncode == 2 and "-o/--output" in done.stderr  # a usage error
+
+
+def test_a_long_fallback_list_is_cut_in_the_closing_lines_and_whole_in_the_report():
+    """Mask R-CNN under fp16 keeps 308 nodes in fp32: the closing lines name 20 and say where the rest are."""
+    from worker.engine.cli import LISTED, summary
+
+    nodes = [{"node": f"n{i}", "op": "Conv", "place": "arm/fp32/nchw", "why": "off"} for i in range(LISTED + 5)]
+    report = {"model": {"input": {"nodes": 3, "bytes": 10}, "output": {"path": "o.onnx", "nodes": 3, "bytes": 10}},
+              "seconds": 1.0, "verification": {"passed": True, "runs": 1, "outputs": []},
+              "precision_fallback": {"nodes": nodes, "runs": 4}}
+    text = summary(report)
+    assert f"so {LISTED + 5} node(s) compute in fp32" in text
+    assert "  n0 (Conv) on arm/fp32/nchw: off" in text and f"  n{LISTED - 1} (Conv)" in text
+    assert f"  n{LISTED} (Conv)" not in text
+    assert text.endswith("... and 5 more (the report's precision_fallback.nodes lists every one)")
+    report["precision_fallback"]["nodes"] = nodes[:3]
+    assert "more" not in summary(report)

@@ -350,13 +350,25 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
     if fallback and fallback.get("nodes"):
         line += (f"\nauto mixed precision: fp16 failed verification, so {len(fallback['nodes'])} node(s) compute "
                  f"in fp32 ({fallback['runs']} verification run(s) to find them):")
-        line += "".join(f"\n  {n['node']} ({n['op']}) on {n['place']}: {n['why']}" for n in fallback["nodes"])
+        line += _listed([f"{n['node']} ({n['op']}) on {n['place']}: {n['why']}" for n in fallback["nodes"]],
+                        "precision_fallback.nodes")
     storage = report.get("storage_fallback")
     if storage and storage.get("weights"):
         line += (f"\nfp16 storage failed verification, so {len(storage['weights'])} weight(s) stay in fp32 "
                  f"({storage['runs']} verification run(s) to find them):")
-        line += "".join(f"\n  {w['weight']}: {w['why']}" for w in storage["weights"])
+        line += _listed([f"{w['weight']}: {w['why']}" for w in storage["weights"]], "storage_fallback.weights")
     return line
+
+
+#: Entries of a fallback's list the closing lines show; the report lists every one.
+LISTED = 20
+
+
+def _listed(entries: list[str], where: str) -> str:
+    """The first ``LISTED`` entries, one an indented line, and how many more the report's ``where`` holds."""
+    shown = "".join(f"\n  {entry}" for entry in entries[:LISTED])
+    more = len(entries) - LISTED
+    return shown + (f"\n  ... and {more} more (the report's {where} lists every one)" if more > 0 else "")
 
 
 def support_summary(support: dict[str, Any], width: int | None = None) -> str:
