@@ -139,3 +139,46 @@ def test_a_shape_that_is_a_graph_output_stays(tmp_path):
                        [vinfo("y", TensorProto.INT64, [2])])
     outcome = run(model, STEP, tmp_path)
     assert outcome.ops == ["Shape"]
+
+
+def expand_mask_model(mask_batch="n"):
+    """TorchScript's ``mask.expand(ids.size(0), -1, ids.size(1), ids.size(1))``: Expand(mask, Where(Equal(v, -1),
+    1, v)) with v = [n, -1, s, s] read off ids (n, s); the mask is (``mask_batch``, 1, s, s)."""
+    dims = [("d0", "zero"), ("d1", "one"), ("d2", "one")]
+    nodes = [helper.make_node("Shape", ["ids"], ["s"])]
+    for name, index in dims:
+        nodes += [helper.make_node("Gather", ["s", index], [name], axis=0),
+                  helper.make_node("Unsqueeze", [name, "axis0"], [f"{name}u"])]
+    nodes += [helper.make_node("Concat", ["d0u", "minus", "d1u", "d2u"], ["v"], axis=0),
+              helper.make_node("Equal", ["v", "minus"], ["is_minus"]),
+              helper.make_node("Where", ["is_minus", "ones", "v"], ["target"]),
+              helper.make_node("Expand", ["mask", "target"], ["y"])]
+    return make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"]),
+                              vinfo("mask", shape=[mask_batch, 1, "s", "s"])],
+                      [vinfo("y", shape=[None, None, None, None])],
+                      [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                       tensor("axis0", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
+                       tensor("ones", np.ones(4, np.int64))])
+
+
+def test_an_expand_to_dims_of_its_own_input_gets_a_constant_target_of_ones(tmp_path):
+    """No dim is -1, so Equal(v, -1) is known where v holds dims; the Where is v with 1 for the -1; each of the
+    target's dims is the mask's own (by name), so 1 broadcasts to it: the target is [1, 1, 1, 1] and the output
+    keeps the names (batch, sequence) instead of four made-up ones."""
+    outcome = run(expand_mask_model(), STEP, tmp_path)
+    assert outcome.ops == ["Expand"]
+    expand = outcome.model.graph.nodes_of_type("Expand")[0]
+    np.testing.assert_array_equal(expand.input(1).const, [1, 1, 1, 1])
+    assert expand.output(0).shape == ("n", 1, "s", "s")
+    for n, s in ((1, 3), (2, 5)):
+        feeds = {"ids": np.zeros((n, s), np.int64), "mask": np.arange(n * s * s, dtype=np.float32).reshape(n, 1, s, s)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_an_expand_that_may_broadcast_its_input_keeps_its_target_computation(tmp_path):
+    # the mask's batch is 1: ids' batch n enlarges it, which a 1 in the target would not
+    outcome = run(expand_mask_model(mask_batch=1), STEP, tmp_path, typed=False)
+    assert "Where" in outcome.ops and "Shape" in outcome.ops
+    for n in (1, 3):
+        feeds = {"ids": np.zeros((n, 4), np.int64), "mask": np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)}
+        compare(outcome.before, outcome.after, feeds=feeds)

@@ -15,6 +15,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_nop_slice,
     eliminate_nop_split,
     eliminate_nop_transpose,
+    eliminate_nop_where,
     eliminate_pooling1x1,
     eliminate_qdq_around_data_movement,
     eliminate_reshape_before_binaryop,

@@ -6,14 +6,19 @@ the dims they read, partially known shapes included.
 
 Each 1-D integer tensor of a shape computation is tracked element by element as known (an int) or not
 (a symbolic or unknown dim), through Shape (with start/end), Size, Gather, Slice, Concat, Squeeze,
-Unsqueeze, Cast to an integer type, Identity, Add, Sub, Mul and Div. A value whose every element is known
+Unsqueeze, Cast to an integer type, Identity, Add, Sub, Mul, Div, Equal (a dim is never equal to a negative
+constant) and Where with a known condition: TorchScript's ``Where(Equal(v, -1), 1, v)`` of an expand is v with
+ones where v says -1. A value whose every element is known
 becomes an initializer under its own name where something other than this tracking reads it; the nodes that
 computed it go away once unused. Constant folding takes the chain from there.
 
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
 Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion), and one dim known
-neither way gets -1 (the element count fixes it). Exact. A dim read
+neither way gets -1 (the element count fixes it). Exact. An Expand's target dims that are the input's own
+dims (aligned from the right) become 1, which broadcasts to the input's dim: the target is then constant, and an
+attention mask expanded to ``(batch, 1, sequence, sequence)`` keeps those names instead of four made-up ones
+(and so does every attention it feeds). Exact. A dim read
 off another value counts as x's when both carry the same name of the model's (``batch``: a dim_param names one
 value in the whole model); names onnx makes up (``unk__N``) are numbered afresh by each inference, so never.
 When that Reshape's output was not fully known, the pass leaves the types stale (it declares it may): the
@@ -178,9 +183,50 @@ def _arithmetic(node: Node, get: Lookup, opset: int) -> Partial | None:
     return Partial(items, scalar=left.scalar and right.scalar, dtype=left.dtype)
 
 
+def _equal_items(a: Item, b: Item) -> bool | None:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, DimOf) and isinstance(b, DimOf) and a.value is b.value and a.index == b.index:
+        return True
+    if isinstance(a, int) and isinstance(b, DimOf):
+        a, b = b, a
+    if isinstance(a, DimOf) and isinstance(b, int) and b < 0:
+        return False  # a dim is never negative (TorchScript's expand compares its sizes with -1)
+    return None
+
+
+def _equal(node: Node, get: Lookup, opset: int) -> Partial | None:
+    left, right = get(node.input(0)), get(node.input(1))
+    if left is None or right is None or left.dtype != right.dtype:
+        return None
+    a, b = left.items, right.items
+    if len(a) != len(b) and 1 not in (len(a), len(b)):
+        return None
+    n = max(len(a), len(b))
+    a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+    return Partial(tuple(_equal_items(x, y) for x, y in zip(a, b)), scalar=left.scalar and right.scalar,
+                   dtype=TensorProto.BOOL)
+
+
+def _where(node: Node, get: Lookup, opset: int) -> Partial | None:
+    condition, x, y = (get(node.input(i)) for i in range(3))
+    if condition is None or not condition.complete or x is None or y is None or x.dtype != y.dtype:
+        return None
+    sizes = {len(p.items) for p in (condition, x, y)} - {1}
+    if len(sizes) > 1:
+        return None
+    n = sizes.pop() if sizes else 1
+    c, a, b = ((p.items * n if len(p.items) == 1 else p.items) for p in (condition, x, y))
+    return Partial(tuple(u if bool(k) else v for k, u, v in zip(c, a, b)),
+                   scalar=condition.scalar and x.scalar and y.scalar, dtype=x.dtype)
+
+
 TRACKERS = {"Shape": _shape, "Size": _size, "Gather": _gather, "Slice": _slice, "Concat": _concat,
-            "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Cast": _cast, "Identity": _identity,
+            "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Cast": _cast, "Identity": _identity, "Equal": _equal,
+            "Where": _where,
             **{op: _arithmetic for op in ARITHMETIC}}
+#: The element types of tracked values: integer vectors, and Equal's booleans.
+TRACKED_TYPES = INTEGER_TYPES | {TensorProto.BOOL}
 
 
 def _constant(value: Value | None) -> Partial | None:
@@ -202,7 +248,7 @@ def track(graph: Graph, opset: int) -> dict[Value, Partial]:
         if tracker is None or node.domain or len(node.outputs) != 1 or node.input(0) is None:
             continue
         out = node.output()
-        if out.dtype and out.dtype not in INTEGER_TYPES:
+        if out.dtype and out.dtype not in TRACKED_TYPES:
             continue
         partial = tracker(node, get, opset)
         if partial is not None and len(partial.items) <= MAX_TRACKED:
@@ -255,6 +301,14 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 refined = refined or not reshape.output(0).is_static
                 names = graph.remove_unused([old.producer]) if old.producer is not None else []
                 result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
+        for expand in graph.nodes_of_type("Expand"):
+            shape = _broadcasting_shape(expand, known)
+            if shape is not None:
+                old = expand.input(1)
+                expand.set_input(1, graph.add_initializer(f"{expand.name}_shape", shape))
+                refined = refined or not expand.output(0).is_static
+                names = graph.remove_unused([old.producer]) if old.producer is not None else []
+                result.rewrote({"rule": "expand_copy_dims", "from": names, "to": [expand.name]})
     if not refined:  # a refined Reshape: inference could not read all of its shape; now it can
         result.preserve(Analysis.TYPES)
     return result
@@ -279,6 +333,23 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     if items.count(None) == 1 and all(i is None or i >= 0 for i in items):
         items[items.index(None)] = -1
     return np.array(items, dtype=np.int64) if None not in items else None
+
+
+def _broadcasting_shape(expand: Node, known: dict[Value, Partial]) -> np.ndarray | None:
+    """The constant target shape of ``expand`` with 1 for each dim it reads off its own input, or None."""
+    data, partial = expand.input(0), known.get(expand.input(1))
+    if partial is None or partial.complete or partial.scalar or data.shape is None:
+        return None
+    offset = len(partial.items) - len(data.shape)  # the target aligns with the input from the right
+    items = []
+    for position, item in enumerate(partial.items):
+        if isinstance(item, int):
+            items.append(item)
+        elif isinstance(item, DimOf) and position >= offset and _same_dim(item, data, position - offset):
+            items.append(1)
+        else:
+            return None
+    return np.array(items, dtype=np.int64)
 
 
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
