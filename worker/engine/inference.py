@@ -75,6 +75,10 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
             if not _relax_carried(model.graph):
                 break
             error = _infer_with_onnx(model, known) or error
+        for _ in range(MAX_ROUNDS):  # a name learned in this run lets another run declare what reads it
+            if not _undeclared(model.graph):
+                break
+            error = _infer_with_onnx(model, known) or error
         if error:
             figures["onnx_inference_error"] = error
         _infer_loop_outputs(model.graph, known)
@@ -199,7 +203,8 @@ def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
     _forget_output_shapes(proto.graph)
     _substitute_known(proto.graph, known)
     _cut_runtime_shapes(model, proto.graph)
-    _declare_same_shape(model.graph, proto.graph)
+    for value, (dtype, shape) in _named_shapes(model.graph).items():
+        _declare(proto.graph, value.name, dtype, shape)
     try:
         inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference of some op failed: keep what we have and say so
@@ -245,25 +250,138 @@ MADE_UP = "unk__"
 #: Ops whose output has their first input's shape by their definition, where onnx's inference (through the
 #: op's function body) leaves the dims it cannot name unknown: RotaryEmbedding's Y is X's shape.
 SAME_SHAPE = frozenset({("", "RotaryEmbedding")})
+#: Ops that pass a scalar shape value on unchanged, between a Shape's Gather and where it is used.
+SCALAR_PASSING = frozenset({"Cast", "Squeeze", "Unsqueeze", "Identity"})
 
 
-def _declare_same_shape(graph: Graph, proto: onnx.GraphProto) -> None:
-    """Declare the output of each ``SAME_SHAPE`` op with its input's shape as typed so far, so that onnx's
-    inference names its dims (batch, sequence) and passes the names on to what reads it."""
+def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
+    """The shapes onnx's inference cannot name but whose dims are known to be a name of the model's, to declare
+    before it runs, so that it passes the names on to what reads them (the batch and sequence of a dynamic
+    export), with their element types:
+
+    - the output of each ``SAME_SHAPE`` op has its input's shape;
+    - ``Range(0, n, 1)`` where n is a dim of another value read by Shape -> Gather has that dim as its length
+      (the positions of a sequence: ``torch.arange(x.size(1))``, whose rows a position embedding gathers and
+      every attention layer then multiplies with its queries and keys). onnx's data propagation does not go
+      through Range, so without this its length is a new ``unk__N`` and so is every dim broadcast with it;
+    - the output of mirserve's attention ops is the queries' shape with the values' last dim, where the inputs'
+      shapes prove it (onnx's inference through the op's function body names none of a symbolic sequence).
+
+    Only names of the model's are declared (``_declare``): the ``unk__N`` of our types are renamed by each
+    inference run."""
+    found = {}
     for node in graph:
-        if (node.domain, node.op_type) not in SAME_SHAPE or node.input(0) is None or not node.outputs:
+        if node.domain not in ("", "mirserve") or not node.outputs or node.input(0) is None:
             continue
-        source, out = node.input(0), node.outputs[0]
-        if source.shape is not None and source.dtype and out.type_proto is None:
-            info = proto.value_info.add(name=out.name)
-            info.type.tensor_type.elem_type = source.dtype
-            info.type.tensor_type.shape.SetInParent()
-            for dim in source.shape:
-                entry = info.type.tensor_type.shape.dim.add()
-                if isinstance(dim, int):
-                    entry.dim_value = dim
-                elif isinstance(dim, str):
-                    entry.dim_param = dim
+        out = node.outputs[0]
+        if out.type_proto is not None:
+            continue
+        if (node.domain, node.op_type) in SAME_SHAPE:
+            source = node.input(0)
+            if source.shape is not None and source.dtype:
+                found[out] = (source.dtype, source.shape)
+        elif node.domain == "mirserve" and node.op_type in ATTENTION_OPS:
+            shape = _attention_shape(node)
+            if shape is not None and node.input(0).dtype:
+                found[out] = (node.input(0).dtype, shape)
+        elif node.op_type == "Range" and out.dtype and len(node.inputs) == 3:
+            start, delta = (_scalar_constant(node.input(i)) for i in (0, 2))
+            length = _named_dim(node.input(1))
+            if start == 0 and delta == 1 and length is not None:
+                found[out] = (out.dtype, (length,))
+    return found
+
+
+def _undeclared(graph: Graph) -> bool:
+    """Some value has a dim ``_named_shapes`` can now name that its type does not (what it read was typed
+    after this run's declarations were made: another run names it)."""
+    return any(value.shape is None or len(value.shape) != len(shape)
+               or any(_nameable(d) and d != old for d, old in zip(shape, value.shape))
+               for value, (_, shape) in _named_shapes(graph).items())
+
+
+def _nameable(dim: Dim) -> bool:
+    return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
+
+
+#: mirserve's attention ops (``worker/engine/mirserve_domain/fused.py``).
+ATTENTION_OPS = frozenset({"ScaledDotProductAttention", "MultiHeadAttention"})
+
+
+def _attention_shape(node) -> Shape | None:
+    """The output shape of a mirserve attention op from its inputs' shapes, where they prove it: the batch dims
+    of queries, keys and values are the same dims, the keys and values count the same positions, and a mask
+    broadcasts to the scores without enlarging them (each of its dims 1 or the scores' own)."""
+    q, k, v = (node.input(i).shape if node.input(i) is not None else None for i in range(3))
+    mask = node.input(3).shape if len(node.inputs) > 3 and node.input(3) is not None else ()
+    if q is None or k is None or v is None or mask is None:
+        return None
+    if node.op_type == "ScaledDotProductAttention":  # Q (..., s, d), KT (..., d, t), V (..., t, dv)
+        if not len(q) == len(k) == len(v) >= 2 or not _same_dims(q[:-2], k[:-2]) or not _same_dims(q[:-2], v[:-2]) \
+                or not _same_dims(k[-1:], v[-2:-1]):
+            return None
+        scores = (*q[:-1], k[-1])
+    else:  # MultiHeadAttention: Q (b, s, h*d), K (b, t, h*d), V (b, t, h*dv); scores (b, h, s, t)
+        if not len(q) == len(k) == len(v) == 3 or not _same_dims(q[:1], k[:1]) or not _same_dims(q[:1], v[:1]) \
+                or not _same_dims(k[1:2], v[1:2]):
+            return None
+        scores = (q[0], node.attr("num_heads"), q[1], k[1])
+    if len(mask) > len(scores) or not all(m == 1 or _same_dims((m,), (s,))
+                                          for m, s in zip(mask[::-1], scores[::-1])):
+        return None
+    return (*q[:-1], v[-1])
+
+
+def _same_dims(a: Shape, b: Shape) -> bool:
+    """Dims known to be equal: the same number, or the same name of the model's."""
+    return len(a) == len(b) and all(x is not None and x == y and not (isinstance(x, str) and x.startswith(MADE_UP))
+                                    for x, y in zip(a, b))
+
+
+def _declare(proto: onnx.GraphProto, name: str, dtype: int, shape: Shape) -> None:
+    info = proto.value_info.add(name=name)
+    info.type.tensor_type.elem_type = dtype
+    info.type.tensor_type.shape.SetInParent()
+    for dim in shape:
+        entry = info.type.tensor_type.shape.dim.add()
+        if isinstance(dim, int):
+            entry.dim_value = dim
+        elif _nameable(dim):
+            entry.dim_param = dim
+
+
+def _scalar_constant(value: Value | None) -> int | None:
+    data = value.constant_value() if value is not None else None
+    return int(data.reshape(-1)[0]) if data is not None and data.size == 1 and data.dtype.kind in "iu" else None
+
+
+def _named_dim(value: Value | None) -> str | None:
+    """The name (the model's, not onnx's) of the dim that the scalar ``value`` is: Shape(x) -> Gather(i), then
+    any of ``SCALAR_PASSING``, where dim i of x is that name; None otherwise."""
+    for _ in range(8):
+        node = value.producer if value is not None else None
+        if node is None or node.domain:
+            return None
+        if node.op_type not in SCALAR_PASSING:
+            break
+        if node.op_type == "Cast" and node.attr("to") not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            return None
+        value = node.input(0)
+    else:
+        return None
+    if node.op_type != "Gather" or node.attr("axis", 0) != 0:
+        return None
+    shape_node, index = node.input(0).producer, _scalar_constant(node.input(1))
+    if shape_node is None or shape_node.op_type != "Shape" or shape_node.domain or index is None:
+        return None
+    dims = shape_node.input(0).shape
+    if dims is None:
+        return None
+    dims = dims[shape_node.attr("start", 0):shape_node.attr("end")]
+    if not -len(dims) <= index < len(dims):
+        return None
+    dim = dims[index]
+    return dim if isinstance(dim, str) and not dim.startswith(MADE_UP) else None
 
 
 def _forget_output_shapes(graph: onnx.GraphProto) -> None:
