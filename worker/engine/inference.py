@@ -67,18 +67,25 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
     and for a loop that only a trip count beyond them ends."""
     figures: dict = {}
     known: dict[str, np.ndarray] = {}
+    declared: dict = {}
+
+    def infer_with_onnx() -> str | None:
+        nonlocal declared
+        declared = _declarable(model.graph)
+        return _infer_with_onnx(model, known)
+
     rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
         check_sized_by_value(model.graph, known, limits)
-        error = _infer_with_onnx(model, known)
+        error = infer_with_onnx()
         for _ in range(MAX_ROUNDS):  # a relaxed carried value retypes its body, which may relax another
             if not _relax_carried(model.graph):
                 break
-            error = _infer_with_onnx(model, known) or error
-        for _ in range(MAX_ROUNDS):  # a name learned in this run lets another run declare what reads it
-            if not _undeclared(model.graph):
+            error = infer_with_onnx() or error
+        for _ in range(DECLARING_RUNS):  # a name learned in a run lets the next declare what reads it
+            if _declarable(model.graph) == declared:
                 break
-            error = _infer_with_onnx(model, known) or error
+            error = infer_with_onnx() or error
         if error:
             figures["onnx_inference_error"] = error
         _infer_loop_outputs(model.graph, known)
@@ -292,12 +299,15 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
     return found
 
 
-def _undeclared(graph: Graph) -> bool:
-    """Some value has a dim ``_named_shapes`` can now name that its type does not (what it read was typed
-    after this run's declarations were made: another run names it)."""
-    return any(value.shape is None or len(value.shape) != len(shape)
-               or any(_nameable(d) and d != old for d, old in zip(shape, value.shape))
-               for value, (_, shape) in _named_shapes(graph).items())
+#: Runs of onnx's inference after the first of a round, while the declarations they make keep changing (each
+#: run can name what reads a value the run before named: an attention's output once its mask is named).
+DECLARING_RUNS = 4
+
+
+def _declarable(graph: Graph) -> dict[str, tuple]:
+    """What ``_named_shapes`` declares, by value name, with only the dims a declaration writes."""
+    return {value.name: (dtype, tuple(d if _nameable(d) else None for d in shape))
+            for value, (dtype, shape) in _named_shapes(graph).items()}
 
 
 def _nameable(dim: Dim) -> bool:
