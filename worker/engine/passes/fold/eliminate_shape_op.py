@@ -168,19 +168,34 @@ ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambd
               "Div": _truncating_div}
 
 
-def _arithmetic(node: Node, get: Lookup, opset: int) -> Partial | None:
+def _broadcast(*parts: Partial) -> list[tuple[Item, ...]] | None:
+    """The parts' items broadcast to one length (a single item repeats), or None where lengths disagree."""
+    lengths = {len(p.items) for p in parts} - {1}
+    if len(lengths) > 1:
+        return None
+    n = lengths.pop() if lengths else 1
+    return [p.items * n if len(p.items) == 1 else p.items for p in parts]
+
+
+def _two_operands(node: Node, get: Lookup) -> tuple[Partial, list[tuple[Item, ...]]] | None:
+    """The first operand and both operands' items broadcast, for an elementwise op of two tracked values of
+    one type."""
     left, right = get(node.input(0)), get(node.input(1))
     if left is None or right is None or left.dtype != right.dtype:
         return None
-    a, b = left.items, right.items
-    if len(a) != len(b) and 1 not in (len(a), len(b)):
+    items = _broadcast(left, right)
+    return None if items is None else (left if right.scalar else right, items)
+
+
+def _arithmetic(node: Node, get: Lookup, opset: int) -> Partial | None:
+    operands = _two_operands(node, get)
+    if operands is None:
         return None
-    n = max(len(a), len(b))
-    a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+    shaped, (a, b) = operands
     fn = ARITHMETIC[node.op_type]
     items = tuple(fn(x, y) if isinstance(x, int) and isinstance(y, int) else None for x, y in zip(a, b))
     items = tuple(x if x is None or -2**63 <= x < 2**63 else None for x in items)
-    return Partial(items, scalar=left.scalar and right.scalar, dtype=left.dtype)
+    return Partial(items, scalar=shaped.scalar, dtype=shaped.dtype)
 
 
 def _equal_items(a: Item, b: Item) -> bool | None:
@@ -196,27 +211,21 @@ def _equal_items(a: Item, b: Item) -> bool | None:
 
 
 def _equal(node: Node, get: Lookup, opset: int) -> Partial | None:
-    left, right = get(node.input(0)), get(node.input(1))
-    if left is None or right is None or left.dtype != right.dtype:
+    operands = _two_operands(node, get)
+    if operands is None:
         return None
-    a, b = left.items, right.items
-    if len(a) != len(b) and 1 not in (len(a), len(b)):
-        return None
-    n = max(len(a), len(b))
-    a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
-    return Partial(tuple(_equal_items(x, y) for x, y in zip(a, b)), scalar=left.scalar and right.scalar,
-                   dtype=TensorProto.BOOL)
+    shaped, (a, b) = operands
+    return Partial(tuple(_equal_items(x, y) for x, y in zip(a, b)), scalar=shaped.scalar, dtype=TensorProto.BOOL)
 
 
 def _where(node: Node, get: Lookup, opset: int) -> Partial | None:
     condition, x, y = (get(node.input(i)) for i in range(3))
     if condition is None or not condition.complete or x is None or y is None or x.dtype != y.dtype:
         return None
-    sizes = {len(p.items) for p in (condition, x, y)} - {1}
-    if len(sizes) > 1:
+    items = _broadcast(condition, x, y)
+    if items is None:
         return None
-    n = sizes.pop() if sizes else 1
-    c, a, b = ((p.items * n if len(p.items) == 1 else p.items) for p in (condition, x, y))
+    c, a, b = items
     return Partial(tuple(u if bool(k) else v for k, u, v in zip(c, a, b)),
                    scalar=condition.scalar and x.scalar and y.scalar, dtype=x.dtype)
 
@@ -293,23 +302,16 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 continue
             names = replace(graph, value, partial)
             result.rewrote({"rule": "eliminate_shape_op", "from": names, "to": []})
-        for reshape in graph.nodes_of_type("Reshape"):
-            shape = _copying_shape(reshape, known)
-            if shape is not None:
-                old = reshape.input(1)
-                reshape.set_input(1, graph.add_initializer(f"{reshape.name}_shape", shape))
-                refined = refined or not reshape.output(0).is_static
-                names = graph.remove_unused([old.producer]) if old.producer is not None else []
-                result.rewrote({"rule": "reshape_copy_dims", "from": names, "to": [reshape.name]})
-        for expand in graph.nodes_of_type("Expand"):
-            shape = _broadcasting_shape(expand, known)
-            if shape is not None:
-                old = expand.input(1)
-                expand.set_input(1, graph.add_initializer(f"{expand.name}_shape", shape))
-                refined = refined or not expand.output(0).is_static
-                names = graph.remove_unused([old.producer]) if old.producer is not None else []
-                result.rewrote({"rule": "expand_copy_dims", "from": names, "to": [expand.name]})
-    if not refined:  # a refined Reshape: inference could not read all of its shape; now it can
+        for op_type, (rule, constant_shape) in SHAPE_READERS.items():
+            for node in graph.nodes_of_type(op_type):
+                shape = constant_shape(node, known)
+                if shape is not None:
+                    old = node.input(1)
+                    node.set_input(1, graph.add_initializer(f"{node.name}_shape", shape))
+                    refined = refined or not node.output(0).is_static
+                    names = graph.remove_unused([old.producer]) if old.producer is not None else []
+                    result.rewrote({"rule": rule, "from": names, "to": [node.name]})
+    if not refined:  # a refined Reshape or Expand: inference could not read all of its shape; now it can
         result.preserve(Analysis.TYPES)
     return result
 
@@ -350,6 +352,11 @@ def _broadcasting_shape(expand: Node, known: dict[Value, Partial]) -> np.ndarray
         else:
             return None
     return np.array(items, dtype=np.int64)
+
+
+#: Ops whose second input is a shape that a partly known one can replace by a constant: the rule's name in the
+#: trace and the constant shape (or None).
+SHAPE_READERS = {"Reshape": ("reshape_copy_dims", _copying_shape), "Expand": ("expand_copy_dims", _broadcasting_shape)}
 
 
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
