@@ -8,9 +8,9 @@ Each 1-D integer tensor of a shape computation is tracked element by element as 
 (a symbolic or unknown dim), through Shape (with start/end), Size, Gather, Slice, Concat, Squeeze,
 Unsqueeze, Cast to an integer type, Identity, Add, Sub, Mul, Div, Equal (a dim is never equal to a negative
 constant) and Where with a known condition: TorchScript's ``Where(Equal(v, -1), 1, v)`` of an expand is v with
-ones where v says -1. A value whose every element is known
-becomes an initializer under its own name where something other than this tracking reads it; the nodes that
-computed it go away once unused. Constant folding takes the chain from there.
+ones where v says -1. A value whose every element is known becomes an initializer under its own name where
+something other than this tracking reads it; the nodes that computed it go away once unused. Constant folding
+takes the chain from there.
 
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
@@ -178,8 +178,8 @@ def _broadcast(*parts: Partial) -> list[tuple[Item, ...]] | None:
 
 
 def _two_operands(node: Node, get: Lookup) -> tuple[Partial, list[tuple[Item, ...]]] | None:
-    """The first operand and both operands' items broadcast, for an elementwise op of two tracked values of
-    one type."""
+    """For an elementwise op of two tracked values of one type: the operand whose form the result takes (a
+    vector if either is one) and both operands' items broadcast."""
     left, right = get(node.input(0)), get(node.input(1))
     if left is None or right is None or left.dtype != right.dtype:
         return None
