@@ -43,9 +43,16 @@ class NopWhereRule(Rule):
         if same_shape(picked.shape, out.shape):
             return picked
         shapes = [static_shape(picked), static_shape(other), condition.shape]
-        if None not in shapes and np.broadcast_shapes(*shapes) == shapes[0]:
+        if None not in shapes and _broadcast(shapes) == shapes[0]:
             return picked
         return "the condition or the other operand may broadcast the picked one to a larger shape"
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:  # shapes that do not broadcast: the runtime refuses the model, not this pass
+        return None
 
 
 @register_pass(name="eliminate_nop_where", kind=PassKind.PROGRAM, level=1,
