@@ -110,10 +110,13 @@ class _Fold(Rule):
         return new
 
 
-class ScaleBefore(_Fold):
-    """Mul/Div of the data input by a per-input-channel constant -> scaled weights."""
+class _BeforeLinear(_Fold):
+    """``op`` (x, constant k) read by one of ``linear_ops``: the constant meets the axis its weights contract."""
 
     pattern_args = ("op",)
+    linear_ops: tuple[str, ...] = LINEAR
+    #: The pattern key of the constant's node, and the op of the two it may take that commutes.
+    key, commutative_op = "scale", "Mul"
 
     def __init__(self, op: str):
         super().__init__()
@@ -121,9 +124,19 @@ class ScaleBefore(_Fold):
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
-        t = p.op(self.op, p.var("x"), p.var("k").const(), key="scale", out="t", commutative=self.op == "Mul")
-        p.op(LINEAR, t, key="linear", out="out")
+        t = p.op(self.op, p.var("x"), p.var("k").const(), key=self.key, out="t",
+                 commutative=self.op == self.commutative_op)
+        p.op(self.linear_ops, t, key="linear", out="out")
         return p
+
+    def input_channel_vector(self, match: Match, name: str) -> np.ndarray | None:
+        """The constant ``name`` as one value per channel of the axis the linear op contracts, or None."""
+        found = input_axis(self.linear(match), match.value("x").rank)
+        return None if found is None else channel_vector(match.value(name).constant_value(), *found)
+
+
+class ScaleBefore(_BeforeLinear):
+    """Mul/Div of the data input by a per-input-channel constant -> scaled weights."""
 
     def vector(self, match: Match) -> np.ndarray | None:
         found = input_axis(self.linear(match), match.value("x").rank)
@@ -138,20 +151,11 @@ class ScaleBefore(_Fold):
         return self.rebuild(match, match.value("x"), scale_rows(node, node.input(1).constant_value(), factor))
 
 
-class ShiftBefore(_Fold):
+class ShiftBefore(_BeforeLinear):
     """Add/Sub of a per-input-channel constant before an unpadded Conv or a Gemm -> a changed bias."""
 
-    pattern_args = ("op",)
-
-    def __init__(self, op: str):
-        super().__init__()
-        self.op, self.name = op, f"{op.lower()}_before_linear"
-
-    def build_pattern(self) -> Pattern:
-        p = Pattern(self.name)
-        t = p.op(self.op, p.var("x"), p.var("k").const(), key="shift", out="t", commutative=self.op == "Add")
-        p.op(("Conv", "Gemm"), t, key="linear", out="out")
-        return p
+    linear_ops = ("Conv", "Gemm")
+    key, commutative_op = "shift", "Add"
 
     def check(self, ctx: PassContext, match: Match) -> np.ndarray | str:
         node = self.linear(match)
@@ -161,8 +165,7 @@ class ShiftBefore(_Fold):
         return super().check(ctx, match)
 
     def vector(self, match: Match) -> np.ndarray | None:
-        found = input_axis(self.linear(match), match.value("x").rank)
-        return None if found is None else channel_vector(match.value("k").constant_value(), *found)
+        return self.input_channel_vector(match, "k")
 
     def rewrite(self, ctx: PassContext, match: Match, shift: np.ndarray) -> Node:
         node = self.linear(match)
@@ -194,8 +197,7 @@ class ScaleShiftBefore(ScaleBefore):
         return p
 
     def shift(self, match: Match) -> np.ndarray | None:
-        found = input_axis(self.linear(match), match.value("x").rank)
-        return None if found is None else channel_vector(match.value("b").constant_value(), *found)
+        return self.input_channel_vector(match, "b")
 
     def check(self, ctx: PassContext, match: Match) -> np.ndarray | str:
         scale = super().check(ctx, match)
