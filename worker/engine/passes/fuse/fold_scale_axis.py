@@ -113,7 +113,7 @@ class _Fold(Rule):
 class _BeforeLinear(_Fold):
     """``op`` (x, constant k) read by one of ``linear_ops``: the constant meets the axis its weights contract."""
 
-    pattern_args = ("op",)
+    pattern_args = ("op", "linear_ops", "key", "commutative_op")
     linear_ops: tuple[str, ...] = LINEAR
     #: The pattern key of the constant's node, and the op of the two it may take that commutes.
     key, commutative_op = "scale", "Mul"
