@@ -20,9 +20,11 @@ MODEL = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     os.environ["MIRSERVE_TEST_ENGINE_DELAY"] = "2"  # read by the engine child, inherited through serve
+    # a lease of 8 s: short enough that a killed worker's job is reaped soon, long enough that heartbeats on a
+    # loaded machine (the suite's two processes and more) keep the retry's own lease (3 s lost it once)
     try:
         with Server(tmp_path_factory.mktemp("kill") / "data", engine="tests.service.engines:slow_optimize",
-                    lease_seconds=3, heartbeat_seconds=0.5, reaper_interval_seconds=0.5) as running:
+                    lease_seconds=8, heartbeat_seconds=0.5, reaper_interval_seconds=0.5) as running:
             yield running
     finally:
         del os.environ["MIRSERVE_TEST_ENGINE_DELAY"]
@@ -40,7 +42,8 @@ def submit_and_wait_running(server: Server) -> str:
 def assert_succeeded_once_on_a_later_attempt(server: Server, job_id: str) -> dict:
     job = server.wait_for(job_id, timeout=90)
     assert job["status"] == "succeeded", (job["error"], server.log())
-    assert job["attempt"] == 2 and job["retry_reason"].startswith("attempt 1: ")
+    assert job["attempt"] == 2 and job["retry_reason"].startswith("attempt 1: "), (job["attempt"],
+                                                                                     job["retry_reason"])
     assert server.client.get("/jobs", params={"status": "running"}).json()["total"] == 0
     row = server.job_row(job_id)
     assert row.artifact_attempt == 2 and row.lease_token is None
