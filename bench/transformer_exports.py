@@ -20,8 +20,8 @@ cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--third | --fourth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
-(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``). Prints one line per export:
+[--third | --fourth | --fifth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
+(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``; ``--fifth``: ``fifth_models``). Prints one line per export:
 its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
 if any failed).
 """
@@ -71,6 +71,8 @@ class Export:
     #: "text" (input_ids, attention_mask), "decoder" (input_ids, attention_mask, causal), "causal" (input_ids
     #: alone: no padding, so sdpa attention asks torch for is_causal), "image"
     #: (pixel_values), "video" (pixel_values 1 x frames x 3 x S x S), "audio" (input_features), "waveform" (input_values: raw audio samples, 1x640),
+    #: "layout" (input_ids, attention_mask, bbox: a box per token), "timeseries" (past_values 1 x context x
+    #: channels), "embeds" (inputs: 1 x 16 x d_model floats, a model without an input preprocessor),
     #: "encoder" (an encoder-decoder model's encoder alone), "seq2seq" (the whole encoder-decoder:
     #: input_ids, attention_mask, decoder_input_ids), "speech_seq2seq" (input_features 1x32x80, attention_mask,
     #: decoder_input_ids) or "codec" (input_values: 1x1x640 raw audio).
@@ -389,8 +391,116 @@ def fourth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     }
 
 
+def fifth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """The fifth sweep's batch (2026-12-02): encoders with alternating local / global attention (ModernBERT),
+    transient-global attention (LongT5), LSH and chunked local attention (Reformer), landmark and hashed
+    approximations of softmax attention (Nystromformer, YOSO), latent cross-attention (Perceiver), 2-D layout
+    positions (LayoutLMv3, LiLT); decoders with scaled residuals (Granite), biased LayerNorm and sliding windows
+    (Starcoder2), local / global layers with QK norms (Gemma3), routed experts with a shared expert
+    (Qwen2-MoE), with QK norms (OLMoE) and top-1 with capacity (Switch Transformers); recurrences (the RG-LRU of
+    RecurrentGemma, FalconMamba's normalized selective scan); patched time series (PatchTST); a dense depth
+    head (DPT); image encoders with attention pooling (SigLIP) and relative position bias with mean pooling
+    (BEiT); speech encoders that squeeze the sequence (SEW) and stack positional convolutions (Data2Vec-audio)."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    head_dim = hidden // heads
+    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
+    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
+                  "eos_token_id": 0, "pad_token_id": 0}
+    vit_like = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "image_size": 32, "patch_size": 8}
+    wav2vec2 = {"vocab_size": 32, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2),
+                "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}
+    t5_like = {"vocab_size": vocab, "d_model": hidden, "d_kv": head_dim, "d_ff": inter, "num_layers": layers,
+               "num_heads": heads, "use_cache": False}
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"}
+    return {
+        "modernbert": Export("ModernBertConfig", "ModernBertModel",
+                             {**bert_like, "layer_types": ["full_attention", "sliding_attention"],
+                              "local_attention": 8,
+                              "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
+                              "sep_token_id": 2}),
+        "longt5_encoder": Export("LongT5Config", "LongT5EncoderModel",
+                                 {**t5_like, "encoder_attention_type": "transient-global", "local_radius": 4,
+                                  "global_block_size": 4}),
+        "reformer": Export("ReformerConfig", "ReformerModel",
+                           {"vocab_size": vocab, "hidden_size": hidden, "num_attention_heads": heads,
+                            "attention_head_size": head_dim, "feed_forward_size": inter,
+                            "attn_layers": ["local", "lsh"], "axial_pos_shape": [4, 4],
+                            "axial_pos_embds_dim": [hidden // 2, hidden // 2], "max_position_embeddings": 16,
+                            "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8, "num_buckets": 2,
+                            "num_hashes": 1, "hash_seed": 0, "is_decoder": False, "pad_token_id": 0}),
+        "nystromformer": Export("NystromformerConfig", "NystromformerModel",
+                                {**bert_like, "segment_means_seq_len": SEQUENCE, "num_landmarks": 4,
+                                 "conv_kernel_size": 3, "pad_token_id": 1},
+                                inputs="causal"),  # input_ids alone: the exporters trip on its mask
+        "yoso": Export("YosoConfig", "YosoModel",
+                       {**bert_like, "use_expectation": True, "use_fast_hash": False, "hash_code_len": 9,
+                        "pad_token_id": 1}),
+        "perceiver": Export("PerceiverConfig", "PerceiverModel",
+                            {"num_latents": 8, "d_latents": hidden, "d_model": 32, "num_blocks": 1,
+                             "num_self_attends_per_block": layers, "num_self_attention_heads": heads,
+                             "num_cross_attention_heads": 1}, inputs="embeds"),
+        "layoutlmv3": Export("LayoutLMv3Config", "LayoutLMv3Model",
+                             {**bert_like, "coordinate_size": hidden * 3 // 16, "shape_size": hidden // 8,
+                              "has_relative_attention_bias": True, "has_spatial_attention_bias": True,
+                              "visual_embed": False, "max_2d_position_embeddings": 128, "pad_token_id": 1},
+                             inputs="layout"),
+        # hidden 96: its layout stream (hidden / 4) is split six ways
+        "lilt": Export("LiltConfig", "LiltModel", {**bert_like, "hidden_size": 96, "channel_shrink_ratio": 4,
+                                                   "max_2d_position_embeddings": 128, "pad_token_id": 1},
+                       inputs="layout"),
+        "granite": Export("GraniteConfig", "GraniteModel",
+                          {**llama_like, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                           "attention_multiplier": 0.0078125, "logits_scaling": 8.0}, inputs="decoder"),
+        "starcoder2": Export("Starcoder2Config", "Starcoder2Model",
+                             {**llama_like, "sliding_window": 8, "use_bias": True}, inputs="decoder"),
+        "gemma3": Export("Gemma3TextConfig", "Gemma3TextModel",
+                         {**llama_like, "head_dim": head_dim, "sliding_window": 8, "query_pre_attn_scalar": head_dim,
+                          "layer_types": ["sliding_attention", "full_attention"]}, inputs="decoder"),
+        "qwen2_moe": Export("Qwen2MoeConfig", "Qwen2MoeModel",
+                            {**llama_like, **moe, "moe_intermediate_size": inter // 2,
+                             "shared_expert_intermediate_size": inter, "decoder_sparse_step": 1},
+                            inputs="decoder"),
+        "olmoe": Export("OlmoeConfig", "OlmoeModel", {**llama_like, **moe}, inputs="decoder"),
+        "switch_transformers": Export("SwitchTransformersConfig", "SwitchTransformersEncoderModel",
+                                      {**t5_like, "num_sparse_encoder_layers": layers, "num_experts": 4,
+                                       "expert_capacity": 8, "num_decoder_layers": layers}),
+        "recurrent_gemma": Export("RecurrentGemmaConfig", "RecurrentGemmaModel",
+                                  {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": 3,
+                                   "num_attention_heads": heads, "num_key_value_heads": 1,
+                                   "intermediate_size": inter, "lru_width": hidden, "attention_window_size": 8,
+                                   "conv1d_width": 4, "block_types": ["recurrent", "recurrent", "attention"],
+                                   "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                                  inputs="causal"),
+        "falcon_mamba": Export("FalconMambaConfig", "FalconMambaModel",
+                               {"vocab_size": vocab, "hidden_size": hidden, "state_size": 8,
+                                "num_hidden_layers": layers, "expand": 2, "conv_kernel": 4, "use_cache": False,
+                                "use_mambapy": True}, inputs="causal"),
+        "patchtst": Export("PatchTSTConfig", "PatchTSTModel",
+                           {"num_input_channels": 3, "context_length": 32, "patch_length": 8, "patch_stride": 8,
+                            "d_model": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                            "ffn_dim": inter, "scaling": "std"}, inputs="timeseries"),
+        "dpt": Export("DPTConfig", "DPTForDepthEstimation",
+                      {**vit_like, "num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3],
+                       "neck_hidden_sizes": [16, 32, 64, 64], "fusion_hidden_size": 32,
+                       "head_in_index": -1}, inputs="image", output="predicted_depth"),
+        "siglip_vision": Export("SiglipVisionConfig", "SiglipVisionModel", vit_like, inputs="image",
+                                output="pooler_output"),
+        "beit": Export("BeitConfig", "BeitModel",
+                       {**vit_like, "use_relative_position_bias": True, "use_mean_pooling": True,
+                        "layer_scale_init_value": 0.1}, inputs="image", output="pooler_output"),
+        "sew": Export("SEWConfig", "SEWModel", {**wav2vec2, "squeeze_factor": 2}, inputs="waveform"),
+        "data2vec_audio": Export("Data2VecAudioConfig", "Data2VecAudioModel",
+                                 {**wav2vec2, "num_conv_pos_embeddings": 5, "conv_pos_kernel_size": 5},
+                                 inputs="waveform"),
+    }
+
+
 def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
-    return {**models(size), **dynamic_models(size), **third_models(size), **fourth_models(size)}
+    return {**models(size), **dynamic_models(size), **third_models(size), **fourth_models(size),
+            **fifth_models(size)}
 
 
 MODELS = every_model()
@@ -426,6 +536,11 @@ def build(name: str, size: Size = SIZES["bench"]):
     if spec.inputs == "video":
         side = spec.image_size
         return model, {"pixel_values": torch.rand(1, config.num_frames, 3, side, side, generator=generator)}
+    if spec.inputs == "timeseries":
+        return model, {"past_values": torch.randn(1, config.context_length, config.num_input_channels,
+                                                  generator=generator)}
+    if spec.inputs == "embeds":
+        return model, {"inputs": torch.randn(1, SEQUENCE, config.d_model, generator=generator)}
     if spec.inputs == "codec":
         return model, {"input_values": torch.randn(1, 1, 640, generator=generator)}
     if spec.inputs == "speech_seq2seq":
@@ -439,6 +554,9 @@ def build(name: str, size: Size = SIZES["bench"]):
     ids = torch.randint(3, size.vocab, (batch, SEQUENCE), generator=generator)
     mask = torch.ones(batch, SEQUENCE + spec.past, dtype=torch.int64)
     inputs = {"input_ids": ids} if spec.inputs == "causal" else {"input_ids": ids, "attention_mask": mask}
+    if spec.inputs == "layout":  # word boxes (x0, y0, x1, y1) in [0, 128), x0 <= x1 and y0 <= y1
+        corners = torch.randint(0, 64, (batch, SEQUENCE, 2, 2), generator=generator)
+        inputs["bbox"] = torch.cat([corners[:, :, 0], corners[:, :, 0] + corners[:, :, 1]], dim=-1)
     if spec.inputs == "seq2seq":
         inputs["decoder_input_ids"] = torch.randint(3, size.vocab, (batch, SEQUENCE // 2), generator=generator)
     kv_heads = getattr(config, "num_key_value_heads", None) or size.heads
@@ -462,7 +580,7 @@ def _wrapped(model, names: list[str], output: str = "last_hidden_state"):
 
         def forward(self, *args):
             named = dict(zip(names, args))
-            past = [named.pop(n) for n in names if n.startswith("past_")]
+            past = [named.pop(n) for n in names if n.startswith(("past_key_", "past_value_"))]
             if not past:
                 return getattr(self.model(**named, return_dict=True), output)
             cache = transformers.DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])),
@@ -475,7 +593,8 @@ def _wrapped(model, names: list[str], output: str = "last_hidden_state"):
 
 
 def output_names(names: list[str]) -> list[str]:
-    return ["last_hidden_state", *(n.replace("past_", "present_") for n in names if n.startswith("past_"))]
+    return ["last_hidden_state", *(n.replace("past_", "present_") for n in names
+                                   if n.startswith(("past_key_", "past_value_")))]
 
 
 def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) -> None:
@@ -516,6 +635,7 @@ def main(argv=None) -> int:
     parser.add_argument("--exporter", action="append", choices=EXPORTERS, help="only this exporter")
     parser.add_argument("--third", action="store_true", help="only the third sweep's batch (third_models)")
     parser.add_argument("--fourth", action="store_true", help="only the fourth sweep's batch (fourth_models)")
+    parser.add_argument("--fifth", action="store_true", help="only the fifth sweep's batch (fifth_models)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--size", choices=list(SIZES), default="bench",
                         help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
@@ -526,7 +646,9 @@ def main(argv=None) -> int:
         print("\n".join(MODELS))
         return 0
     failed = False
-    for name in args.only or (third_models() if args.third else fourth_models() if args.fourth else MODELS):
+    batch = (third_models() if args.third else fourth_models() if args.fourth else fifth_models() if args.fifth
+             else MODELS)
+    for name in args.only or batch:
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"
             failed |= not export_and_report(path, lambda: export(name, exporter, path, SIZES[args.size]),

@@ -20,7 +20,7 @@ Two steps, in two environments:
   ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
   inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
   ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored; ``--third``: the third
-  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``); an existing
+  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``; ``--fifth``: ``FIFTH``); an existing
   file is kept
   unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
   failing (the run goes on; exit status 1 if any failed).
@@ -40,9 +40,9 @@ Two steps, in two environments:
   nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
 
 Usage:
-    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth]
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth | --fifth]
         [--exporter dynamo|torchscript|functions] [--out DIR] [--force] [--list]
-    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth] [--exporter ...] [--config NAME ...]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth | --fifth] [--exporter ...] [--config NAME ...]
         [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
     .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
@@ -236,6 +236,42 @@ FOURTH: dict[str, Arch] = {
     "timm_tf_efficientnet_lite0_dynamic": _timm("tf_efficientnet_lite0", (2, 3, 64, 64), dynamic=True),  # SAME
 }
 MODELS.update(FOURTH)
+
+
+#: the fifth batch (2026-12-02): families none of the first four had (inception-ResNet and inception-v4 blocks,
+#: weight-standardized GroupNorm ResNets, one-shot aggregation, spatial gating MLPs, multi-scale pooled attention,
+#: SSD's VGG with L2 norm, a two-stage detector's RoI heads, a post-training quantized network); `--fifth`
+FIFTH: dict[str, Arch] = {
+    "timm_inception_v4": _timm("inception_v4", (1, 3, 80, 80)),  # inception-A/B/C with 1x7 / 7x1 factorized convs
+    "timm_inception_resnet_v2": _timm("inception_resnet_v2", (1, 3, 80, 80)),  # scaled residual inception blocks
+    "timm_xception41": _timm("xception41"),  # aligned Xception: separable convs, strided residual 1x1 shortcuts
+    "timm_resnetv2_50x1_bit": _timm("resnetv2_50x1_bit"),  # BiT: GroupNorm + weight standardization at run time
+    "timm_regnetz_b16": _timm("regnetz_b16"),  # RegNetZ: SE in inverted bottlenecks, group width 16
+    "timm_ese_vovnet19b_dw": _timm("ese_vovnet19b_dw"),  # one-shot aggregation: concat of every layer, eSE gate
+    "timm_lcnet_050": _timm("lcnet_050"),  # PP-LCNet: hard-swish, 5x5 depthwise, SE late only
+    "timm_hardcorenas_a": _timm("hardcorenas_a"),  # NAS blocks with hard-sigmoid SE
+    "timm_gernet_s": _timm("gernet_s"),  # GENet: mixed basic / bottleneck / depthwise stages (ByobNet)
+    "timm_deit3_small_patch16_224": _timm("deit3_small_patch16_224", img_size=64),  # layer scale, no distill token
+    "timm_flexivit_small": _timm("flexivit_small", img_size=64),  # ViT with a resampled patch embedding
+    "timm_vit_relpos_small_patch16_224": _timm("vit_relpos_small_patch16_224", img_size=64),  # rel. pos MLP bias
+    "timm_gmlp_s16_224": _timm("gmlp_s16_224", img_size=64),  # gMLP: spatial gating unit (token-mixing linear)
+    "timm_convformer_s18": _timm("convformer_s18"),  # metaformer with separable-conv token mixer, StarReLU
+    "timm_levit_conv_128s": _timm("levit_conv_128s", (1, 3, 128, 128), img_size=128),  # LeViT as 1x1 convs
+    "timm_mvitv2_tiny": _timm("mvitv2_tiny", img_size=64),  # pooled multi-scale attention, rel. pos, residual pool
+    "timm_nextvit_small": _timm("nextvit_small"),  # Next-ViT: multi-head conv attention + E-MHSA with avg pool
+    "timm_sebotnet33ts_256": _timm("sebotnet33ts_256", img_size=64),  # SE + bottleneck self-attention, rel. logits
+    "timm_fastvit_mci0": _timm("fastvit_mci0"),  # MobileCLIP image tower: reparam conv stem, attention stages
+    "tv_vgg11_bn": _tv("vgg11_bn"),  # VGG: plain conv/BN/ReLU stack, 7x7 adaptive pool upsampling at 64x64
+    "tv_mc3_18": _tv("video.mc3_18", (1, 3, 8, 32, 32)),  # mixed 3-D then 2-D (1x3x3) convolutions
+    "tv_ssd300_vgg16": _tv("detection.ssd300_vgg16", (1, 3, 300, 300), wrap="detect",
+                           weights_backbone=None),  # L2-normalized VGG features, default boxes, NMS
+    "tv_fasterrcnn_mobilenet_v3_large_320_fpn": _tv("detection.fasterrcnn_mobilenet_v3_large_320_fpn",
+                                                    (1, 3, 320, 320), wrap="detect", weights_backbone=None),
+    # post-training quantized (fbgemm, calibrated on the random input): quantized ops, a class never tried
+    "tv_quantized_mobilenet_v3_large": _tv("quantization.mobilenet_v3_large", quantize=True),
+    "tv_quantized_resnet18": _tv("quantization.resnet18", quantize=True),
+}
+MODELS.update(FIFTH)
 
 
 # --- export (torch environment) -------------------------------------------------------------------------
@@ -522,6 +558,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", action="append", choices=list(MODELS), help="this model (repeatable)")
     parser.add_argument("--third", action="store_true", help="only the third batch (THIRD)")
     parser.add_argument("--fourth", action="store_true", help="only the fourth batch (FOURTH)")
+    parser.add_argument("--fifth", action="store_true", help="only the fifth batch (FIFTH)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS + EXTRA_EXPORTERS,
                         help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
@@ -539,7 +576,7 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
         return 0
-    batch = THIRD if args.third else FOURTH if args.fourth else MODELS
+    batch = THIRD if args.third else FOURTH if args.fourth else FIFTH if args.fifth else MODELS
     names, exporters = args.only or list(batch), args.exporter or list(EXPORTERS)
     if args.step == "export":
         return export_all(names, exporters, args.out, args.force)
