@@ -73,7 +73,7 @@ CLEANUP: tuple[str, ...] = (
     "eliminate_flatten_after_innerproduct", "eliminate_flatten_after_global_pooling",
     "eliminate_reshape_before_binaryop", "fuse_consecutive_transposes", "fuse_consecutive_reshapes",
     "fuse_consecutive_squeezes", "fuse_consecutive_slices", "fuse_consecutive_concats",
-    "fuse_consecutive_reduce_unsqueeze", "eliminate_qdq_around_data_movement",
+    "fuse_consecutive_reduce_unsqueeze", "eliminate_qdq_around_data_movement", "eliminate_relu_before_quantize",
     "eliminate_common_subexpression", "eliminate_duplicate_initializer", "eliminate_deadend",
     "eliminate_unused_initializer",
 )

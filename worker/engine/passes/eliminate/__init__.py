@@ -2,7 +2,7 @@
 Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax or a reduction over one
 element) and pairs that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction
 and the Unsqueeze that restores its axes, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs
-around data movement. Registered on import."""
+around data movement, a Relu or Clip that a QuantizeLinear's saturation repeats. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
@@ -18,6 +18,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_nop_where,
     eliminate_pooling1x1,
     eliminate_qdq_around_data_movement,
+    eliminate_relu_before_quantize,
     eliminate_reshape_before_binaryop,
     eliminate_unit_reduce,
     eliminate_unit_softmax,
