@@ -120,6 +120,25 @@ def test_quantize_and_dequantize_of_constants_are_not_folded(tmp_path):
     assert outcome.refused("constant_folding", "DequantizeLinear: it is kept so that the model stays quantized")
 
 
+
+def test_a_dequantized_int32_bias_folds_to_its_float_value_exactly(tmp_path):
+    """A quantized model's bias (int32, scale x_scale * w_scale per channel) folds: its float value takes no more
+    bytes, and the int8 weight's DequantizeLinear beside it stays."""
+    bias = np.array([-70000, 5, 0, 123456], np.int32)
+    nodes = [helper.make_node("DequantizeLinear", ["w8", "ws", "wz"], ["w"]),
+             helper.make_node("DequantizeLinear", ["b32", "bs"], ["b"], axis=0),
+             helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    model = make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", shape=[2, 4])],
+                       [tensor("w8", np.arange(12, dtype=np.int8).reshape(4, 3)), tensor("ws", np.float32(0.02)),
+                        tensor("wz", np.int8(1)), tensor("b32", bias),
+                        tensor("bs", np.array([1e-4, 3e-5, 0.5, 7e-6], np.float32))])
+    outcome = run(model, STEP, tmp_path, rtol=0, atol=0)
+    assert outcome.ops == ["DequantizeLinear", "Gemm"]
+    assert outcome.model.graph.nodes_of_type("DequantizeLinear")[0].input(0).name == "w8"
+    folded = outcome.model.graph.nodes_of_type("Gemm")[0].input(2).constant_value()
+    assert folded.dtype == np.float32 and folded.tobytes() == (bias.astype(np.float32) * np.array(
+        [1e-4, 3e-5, 0.5, 7e-6], np.float32)).tobytes()
+
 def test_a_constant_graph_output_is_not_folded(tmp_path):
     nodes = [helper.make_node("Add", ["a", "a"], ["y"]), helper.make_node("Relu", ["x"], ["z"])]
     model = make_model(nodes, [vinfo("x", shape=[2])], [vinfo("y", shape=[2]), vinfo("z", shape=[2])],

@@ -5,7 +5,7 @@ computed now and replaced by initializers, names kept.
 
 Numpy kernels compute the common ops, onnxruntime the rest (as onnxsim does), ``onnx.reference`` what
 onnxruntime cannot. Never folded: non-deterministic ops, QuantizeLinear/DequantizeLinear (a quantized model
-keeps its Q/DQ pairs), ops with subgraphs (If with a constant condition is inlined by its own pass), ops of
+keeps its Q/DQ pairs; only a DequantizeLinear of an int32 bias folds, to a float bias of the same size), ops with subgraphs (If with a constant condition is inlined by its own pass), ops of
 other domains, and nodes producing a graph output. A ConstantOfShape, Tile, Expand or Range whose output
 would add more than ``GROWTH_LIMIT`` bytes to the model is kept unless its result ends up as a weight input
 (Conv/ConvTranspose W and B, Gemm/MatMul B and C, BatchNormalization parameters, ...): the light model zoo
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 from worker.engine.evaluate import NONDETERMINISTIC, evaluate
 from worker.engine.ir import Graph, Node, Value
@@ -59,13 +59,22 @@ def never_folded(node: Node) -> str | None:
     """Why ``node`` is never folded, or None."""
     if node.op_type in NONDETERMINISTIC:
         return "it is not deterministic"
-    if node.op_type in QDQ:
+    if node.op_type in QDQ and not is_bias_dequantize(node):
         return "it is kept so that the model stays quantized"
     if node.subgraphs():
         return "it has subgraphs"
     if any(value.type_proto is not None for value in node.outputs):
         return "it produces a sequence, map or optional"
     return None
+
+
+def is_bias_dequantize(node: Node) -> bool:
+    """A DequantizeLinear of 32-bit integers: a quantized model's bias (no 8-bit kernel reads int32 data), whose
+    float value takes no more bytes than it does; kernels that run the op quantized take a float bias (the
+    quantized forms re-quantize it), so it folds like any constant. Weights in 8 bits keep their
+    DequantizeLinear: folding them would store them in 32."""
+    return node.op_type == "DequantizeLinear" and node.input(0) is not None \
+        and node.input(0).dtype == TensorProto.INT32
 
 
 def feeds_weight(value: Value, depth: int = 0, seen: set[int] | None = None) -> bool:
