@@ -1,8 +1,9 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
 Transpose, Pad, Slice, Expand, Concat, Split, 1x1 pooling, scale by one, a Softmax or a reduction over one
 element) and pairs that collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction
-and the Unsqueeze that restores its axes, global pooling + Flatten, Reshape before a binary op) and Q/DQ pairs
-around data movement, a Relu or Clip that a QuantizeLinear's saturation repeats. Registered on import."""
+and the Unsqueeze that restores its axes, global pooling + Flatten, Reshape before a binary op, a Transpose
+written over merged leading axes), Q/DQ pairs around data movement and a Relu or Clip that a QuantizeLinear's
+saturation repeats. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
@@ -28,6 +29,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     fuse_consecutive_slices,
     fuse_consecutive_squeezes,
     fuse_consecutive_transposes,
+    fuse_reshape_transpose_reshape,
     identity_dropout_eliminate,
     identity_scale_eliminate,
 )

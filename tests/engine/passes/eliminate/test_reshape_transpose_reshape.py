@@ -1,0 +1,73 @@
+"""fuse_reshape_transpose_reshape: a Transpose of trailing axes written over merged leading axes is one Transpose."""
+import numpy as np
+from onnx import helper
+
+from tests.conftest import make_model, tensor, vinfo
+from tests.engine.passes.fold.harness import run
+
+STEP = ["fuse_reshape_transpose_reshape"]
+make = helper.make_node
+
+
+def merged_transpose(in_shape, merge, perm, split, extra_outputs=()):
+    """x -> Reshape(merge) -> Transpose(perm) -> Reshape(split) -> y, as dynamo writes q @ k.transpose(-2, -1)."""
+    nodes = [make("Reshape", ["x", "merge"], ["merged"]), make("Transpose", ["merged"], ["moved"], perm=perm),
+             make("Reshape", ["moved", "split"], ["y"])]
+    out_shape = [d for d in split if d != -1] if -1 not in split else None
+    return make_model(nodes, [vinfo("x", shape=list(in_shape))], [vinfo("y", shape=out_shape), *extra_outputs],
+                      [tensor("merge", np.array(merge, np.int64)), tensor("split", np.array(split, np.int64))])
+
+
+def feeds(shape):
+    return {"x": np.random.default_rng(2).normal(size=shape).astype(np.float32)}
+
+
+def test_a_transposed_key_written_as_a_batched_matmul_operand_is_one_transpose(tmp_path):
+    model = merged_transpose((1, 6, 17, 8), [-1, 17, 8], [0, 2, 1], [1, 6, 8, 17])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((1, 6, 17, 8)), rtol=0, atol=0)
+    assert outcome.ops == ["Transpose"]
+    transpose = outcome.model.graph.nodes_of_type("Transpose")[0]
+    assert transpose.input(0).name == "x" and list(transpose.attr("perm")) == [0, 1, 3, 2]
+
+
+def test_leading_axes_split_otherwise_are_reshaped_before_the_transpose(tmp_path):
+    # the dynamo ViT: a Split of the stacked q, k, v leaves [1, 1, heads, tokens, dim]
+    model = merged_transpose((1, 1, 6, 17, 8), [6, 17, 8], [0, 2, 1], [1, 6, 8, 17])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((1, 1, 6, 17, 8)), rtol=0, atol=0)
+    assert outcome.ops == ["Reshape", "Transpose"]
+    assert list(outcome.model.graph.nodes_of_type("Transpose")[0].attr("perm")) == [0, 1, 3, 2]
+
+
+def test_three_trailing_axes_keep_their_permutation(tmp_path):
+    model = merged_transpose((2, 3, 4, 5, 6), [6, 4, 5, 6], [0, 3, 1, 2], [2, 3, 6, 4, 5])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5, 6)), rtol=0, atol=0)
+    assert outcome.ops == ["Transpose"]
+    assert list(outcome.model.graph.nodes_of_type("Transpose")[0].attr("perm")) == [0, 1, 4, 2, 3]
+
+
+def test_a_transpose_that_moves_the_merged_axis_stays(tmp_path):
+    model = merged_transpose((2, 3, 4, 5), [6, 4, 5], [1, 0, 2], [4, 2, 3, 5])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
+    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
+    assert outcome.refused("fuse_reshape_transpose_reshape", "the Transpose moves the merged leading axis")
+
+
+def test_a_first_reshape_that_regroups_the_trailing_axes_stays(tmp_path):
+    model = merged_transpose((2, 3, 4, 5), [6, 2, 10], [0, 2, 1], [2, 3, 10, 2])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
+    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
+    assert outcome.refused("fuse_reshape_transpose_reshape", "does not merge the leading axes alone")
+
+
+def test_a_second_reshape_that_regroups_the_trailing_axes_stays(tmp_path):
+    model = merged_transpose((2, 3, 4, 5), [6, 4, 5], [0, 2, 1], [2, 3, 4, 5])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
+    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
+    assert outcome.refused("fuse_reshape_transpose_reshape", "does not split the leading axis alone")
+
+
+def test_an_intermediate_read_elsewhere_stays(tmp_path):
+    model = merged_transpose((1, 6, 17, 8), [-1, 17, 8], [0, 2, 1], [1, 6, 8, 17],
+                             extra_outputs=[vinfo("moved", shape=[6, 8, 17])])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((1, 6, 17, 8)))
+    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
