@@ -1,12 +1,14 @@
 """Elimination passes (issue 3): ops that compute nothing (identity, inference Dropout, no-op Cast, Reshape,
-Transpose, Pad, Slice, Expand, Concat, Split, a ScatterND that overwrites everything, 1x1 pooling, scale by
-one, a Softmax or a reduction over one element) and pairs that collapse (Transposes, Reshapes,
-Squeeze/Unsqueeze, Slices over other axes, a reduction and the Unsqueeze that restores its axes, global
-pooling + Flatten, Reshape before a binary op, a Transpose written over merged leading axes), Q/DQ pairs
-around data movement and a Relu or Clip that a QuantizeLinear's saturation repeats. Registered on import."""
+Transpose, Pad, Slice, Expand, Concat, Split, a Gather that takes every element in order, a ScatterND that
+overwrites everything, 1x1 pooling, scale by one, a Softmax or a reduction over one element) and pairs that
+collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction and the Unsqueeze that
+restores its axes, global pooling + Flatten, Reshape before a binary op, a Transpose written over merged
+leading axes), Q/DQ pairs around data movement and a Relu or Clip that a QuantizeLinear's saturation
+repeats. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
     eliminate_flatten_after_innerproduct,
+    eliminate_full_gather,
     eliminate_full_scatter,
     eliminate_identity,
     eliminate_nop_cast,
