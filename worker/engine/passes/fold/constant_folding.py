@@ -5,8 +5,9 @@ computed now and replaced by initializers, names kept.
 
 Numpy kernels compute the common ops, onnxruntime the rest (as onnxsim does), ``onnx.reference`` what
 onnxruntime cannot. Never folded: non-deterministic ops, QuantizeLinear/DequantizeLinear (a quantized model
-keeps its Q/DQ pairs; only a DequantizeLinear of an int32 bias folds, to a float bias of the same size), ops with subgraphs (If with a constant condition is inlined by its own pass), ops of
-other domains, and nodes producing a graph output. A ConstantOfShape, Tile, Expand or Range whose output
+keeps its Q/DQ pairs; only a DequantizeLinear of an int32 bias folds, to a float bias of the same size), ops
+with subgraphs (If with a constant condition is inlined by its own pass), ops of other domains, and nodes
+producing a graph output. A ConstantOfShape, Tile, Expand or Range whose output
 would add more than ``GROWTH_LIMIT`` bytes to the model is kept unless its result ends up as a weight input
 (Conv/ConvTranspose W and B, Gemm/MatMul B and C, BatchNormalization parameters, ...): the light model zoo
 makes every weight with ConstantOfShape.
