@@ -260,6 +260,19 @@ def dynamic_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     return dynamic
 
 
+def _families(size: Size) -> tuple[dict, dict, dict]:
+    """The config settings the third and fifth batches share: BERT-like encoders, Llama-like decoders (with
+    the special token ids newer configs want) and ViT-like image encoders."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
+    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
+                  "eos_token_id": 0, "pad_token_id": 0}
+    vit_like = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "image_size": 32, "patch_size": 8}
+    return bert_like, llama_like, vit_like
+
+
 def third_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     """The third sweep's batch (2026-11-26): attention variants the others lack (block-sparse and random
     attention, relative attention with pooling, two-stream relative attention, soft-capped logits, QK norms,
@@ -267,12 +280,7 @@ def third_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     heads, a selective state-space scan, a speech encoder-decoder and a convolutional codec with an LSTM."""
     hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
     head_dim = hidden // heads
-    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
-                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
-    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
-                  "eos_token_id": 0, "pad_token_id": 0}
-    vit_like = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-                "intermediate_size": inter, "image_size": 32, "patch_size": 8}
+    bert_like, llama_like, vit_like = _families(size)
     return {
         "dinov2": Export("Dinov2Config", "Dinov2Model", {**vit_like, "layerscale_value": 0.1}, inputs="image"),
         "yolos": Export("YolosConfig", "YolosModel", {**vit_like, "image_size": [32, 32], "num_detection_tokens": 10},
@@ -403,12 +411,7 @@ def fifth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     (BEiT); speech encoders that squeeze the sequence (SEW) and stack positional convolutions (Data2Vec-audio)."""
     hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
     head_dim = hidden // heads
-    bert_like = {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
-                 "num_attention_heads": heads, "intermediate_size": inter, "max_position_embeddings": 64}
-    llama_like = {**bert_like, "num_key_value_heads": size.kv_heads, "use_cache": False, "bos_token_id": 0,
-                  "eos_token_id": 0, "pad_token_id": 0}
-    vit_like = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-                "intermediate_size": inter, "image_size": 32, "patch_size": 8}
+    bert_like, llama_like, vit_like = _families(size)
     wav2vec2 = {"vocab_size": 32, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
                 "intermediate_size": inter, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2),
                 "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}

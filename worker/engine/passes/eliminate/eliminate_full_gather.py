@@ -21,7 +21,7 @@ import numpy as np
 
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
-from worker.engine.passes.support.shapes import static_shape
+from worker.engine.passes.support.shapes import lists_every_position, reshape_instead, static_shape
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
 
@@ -39,13 +39,7 @@ def _every_position(node: Node, indices: np.ndarray, shape: tuple[int, ...]) -> 
             "its indices do not take every entry of the axis in order"
     if int(node.attr("batch_dims", 0)) != 0:
         return "it gathers per batch (batch_dims), which this pass does not read"
-    k = indices.shape[-1] if indices.ndim else 0
-    if k < 1 or k > len(shape):
-        return "its indices do not address the data"
-    rows = indices.reshape(-1, k)
-    rows = np.where(rows < 0, rows + np.array(shape[:k]), rows)
-    grid = np.indices(shape[:k]).reshape(k, -1).T
-    if rows.shape != grid.shape or not np.array_equal(rows, grid):
+    if not lists_every_position(indices, shape):
         return "its indices do not take every position of the data in order"
     return None
 
@@ -73,10 +67,7 @@ class FullGather(Rule):
         return reason if reason is not None else list(result)
 
     def rewrite(self, ctx: PassContext, match: Match, shape: list[int]) -> Node:
-        gather, graph = match.node("gather"), match.graph
-        target = graph.root.add_initializer(f"{gather.name}_shape", np.array(shape, dtype=np.int64))
-        return graph.add_node("Reshape", [match.value("data"), target], [match.value("y")], name=gather.name,
-                              before=gather)
+        return reshape_instead(match.node("gather"), match.graph, match.value("data"), match.value("y"), shape)
 
 
 @register_pass(name="eliminate_full_gather", kind=PassKind.PROGRAM, level=1,

@@ -17,11 +17,9 @@ reduction "none" (or absent).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
-from worker.engine.passes.support.shapes import static_shape
+from worker.engine.passes.support.shapes import lists_every_position, reshape_instead, static_shape
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
 
@@ -50,21 +48,12 @@ class FullScatter(Rule):
             return "its indices are not known offline"
         if indices.ndim < 1 or indices.size > MAX_INDICES:
             return "its indices are too large to compare with every position"
-        k = indices.shape[-1]
-        if k < 1 or k > len(shape):
-            return "its indices do not address the data"
-        grid = np.indices(shape[:k]).reshape(k, -1).T
-        rows = indices.reshape(-1, k)
-        rows = np.where(rows < 0, rows + np.array(shape[:k]), rows)  # negative indices count from the end
-        if rows.shape != grid.shape or not np.array_equal(rows, grid):
+        if not lists_every_position(indices, tuple(shape)):
             return "its indices do not write every position of the data in order"
         return list(shape)
 
     def rewrite(self, ctx: PassContext, match: Match, shape: list[int]) -> Node:
-        scatter, graph = match.node("scatter"), match.graph
-        target = graph.root.add_initializer(f"{scatter.name}_shape", np.array(shape, dtype=np.int64))
-        return graph.add_node("Reshape", [match.value("updates"), target], [match.value("y")], name=scatter.name,
-                              before=scatter)
+        return reshape_instead(match.node("scatter"), match.graph, match.value("updates"), match.value("y"), shape)
 
 
 @register_pass(name="eliminate_full_scatter", kind=PassKind.PROGRAM, level=1,
