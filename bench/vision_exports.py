@@ -267,7 +267,8 @@ FIFTH: dict[str, Arch] = {
                            weights_backbone=None),  # L2-normalized VGG features, default boxes, NMS
     "tv_fasterrcnn_mobilenet_v3_large_320_fpn": _tv("detection.fasterrcnn_mobilenet_v3_large_320_fpn",
                                                     (1, 3, 320, 320), wrap="detect", weights_backbone=None),
-    # post-training quantized (fbgemm, calibrated on the random input): quantized ops, a class never tried
+    # post-training quantized (fbgemm): quantized ops, a class never tried. Without weights torchvision's
+    # observers never run, so every activation has scale 1 and zero point 0: the graph is real, not its values
     "tv_quantized_mobilenet_v3_large": _tv("quantization.mobilenet_v3_large", quantize=True),
     "tv_quantized_resnet18": _tv("quantization.resnet18", quantize=True),
 }

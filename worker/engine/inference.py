@@ -71,8 +71,9 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
 
     def infer_with_onnx() -> str | None:
         nonlocal declared
-        declared = _declarable(model.graph)
-        return _infer_with_onnx(model, known)
+        named = _named_shapes(model.graph)
+        declared = _declared(named)
+        return _infer_with_onnx(model, known, named)
 
     rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
@@ -83,7 +84,7 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
                 break
             error = infer_with_onnx() or error
         for _ in range(DECLARING_RUNS):  # a name learned in a run lets the next declare what reads it
-            if _declarable(model.graph) == declared:
+            if _declared(_named_shapes(model.graph)) == declared:
                 break
             error = infer_with_onnx() or error
         if error:
@@ -205,12 +206,15 @@ def _inference_proto(model: Model) -> onnx.ModelProto:
     return proto
 
 
-def _infer_with_onnx(model: Model, known: dict[str, np.ndarray]) -> str | None:
+def _infer_with_onnx(model: Model, known: dict[str, np.ndarray],
+                     named: dict[Value, tuple[int, Shape]]) -> str | None:
+    """One run of onnx's inference, with the known values substituted and ``named`` (``_named_shapes``)
+    declared; merges what it finds into the IR's types. Returns its error, if it failed."""
     proto = _inference_proto(model)
     _forget_output_shapes(proto.graph)
     _substitute_known(proto.graph, known)
     _cut_runtime_shapes(model, proto.graph)
-    for value, (dtype, shape) in _named_shapes(model.graph).items():
+    for value, (dtype, shape) in named.items():
         _declare(proto.graph, value.name, dtype, shape)
     try:
         inferred = shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
@@ -304,10 +308,10 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
 DECLARING_RUNS = 4
 
 
-def _declarable(graph: Graph) -> dict[str, tuple]:
-    """What ``_named_shapes`` declares, by value name, with only the dims a declaration writes."""
+def _declared(named: dict[Value, tuple[int, Shape]]) -> dict[str, tuple]:
+    """What declaring ``named`` writes, by value name: only the dims a declaration keeps."""
     return {value.name: (dtype, tuple(d if _nameable(d) else None for d in shape))
-            for value, (dtype, shape) in _named_shapes(graph).items()}
+            for value, (dtype, shape) in named.items()}
 
 
 def _nameable(dim: Dim) -> bool:
