@@ -8,7 +8,8 @@ knows nothing of where the error comes from: it tries segments of the nodes in g
 rest in fp32, accepts a segment that verifies and splits one that does not, down to single nodes.
 
 Models: softmax over large logits, a LayerNorm with a large variance, fp16 rounding spread over a chain of
-MatMuls (all three also in tests/engine/test_amp.py),
+MatMuls, a chain of QDQ Convs whose int8 kernels round apart from the float reference (under
+``npu/int8/nchw,arm/fp32/nchw``; all four also in tests/engine/test_amp.py),
 a small BERT encoder from bench/bert_base_graph.py (weights are graph inputs: verification draws them), and
 two models of onnx's light model zoo whose constant weights make fp16 overflow nearly everywhere (Inception
 v1, SqueezeNet).
@@ -107,6 +108,39 @@ def rounding_spread(layers: int = 24, scale: float = 2.0, seed: int = 5) -> onnx
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], [*weights, _t("scale", scale)])
 
 
+def quantized_conv_chain(layers: int = 4, channels: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A QDQ model (opset 13): ``layers`` 3x3 Convs on int8 weights, each between DequantizeLinear and
+    QuantizeLinear, float biases. Under ``npu/int8/nchw,arm/fp32/nchw`` each Conv runs on the npu's QLinearConv,
+    which rounds its accumulator once where the input computes in float and rounds at its QuantizeLinear:
+    values on a rounding tie come out a step apart, and the Convs after grow that past the tolerance (an
+    uncalibrated torchvision ResNet-18 in small)."""
+    rng = np.random.default_rng(seed)
+    nodes, weights = [], []
+
+    def quantized(name: str, value: str, scale: float) -> str:
+        weights.extend([_t(f"{name}_scale", scale), numpy_helper.from_array(np.array(0, np.int8), f"{name}_zero")])
+        nodes.append(helper.make_node("QuantizeLinear", [value, f"{name}_scale", f"{name}_zero"], [f"{name}_q"],
+                                      name=f"{name}_quantize"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_scale", f"{name}_zero"],
+                                      [f"{name}_dq"], name=f"{name}_dequantize"))
+        return f"{name}_dq"
+
+    value = quantized("x", "x", 0.05)
+    for i in range(layers):
+        weights += [numpy_helper.from_array(rng.integers(-127, 128, (channels, channels, 3, 3)).astype(np.int8),
+                                            f"w{i}_int8"), _t(f"w{i}_scale", 0.01),
+                    numpy_helper.from_array(np.array(0, np.int8), f"w{i}_zero"),
+                    _t(f"b{i}", rng.normal(0, 0.1, channels))]
+        nodes.append(helper.make_node("DequantizeLinear", [f"w{i}_int8", f"w{i}_scale", f"w{i}_zero"], [f"w{i}"],
+                                      name=f"w{i}_dequantize"))
+        nodes.append(helper.make_node("Conv", [value, f"w{i}", f"b{i}"], [f"conv{i}_out"], name=f"conv{i}",
+                                      pads=[1, 1, 1, 1]))
+        value = quantized(f"conv{i}", f"conv{i}_out", 0.05 * (i + 2))
+    nodes.append(helper.make_node("Identity", [value], ["y"], name="output"))
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 16, 16])], weights)
+
+
 def bert_small() -> onnx.ModelProto:
     from bench.bert_base_graph import bert_base_model
 
@@ -122,8 +156,11 @@ def light(name: str):
 
 
 MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance,
+          "quantized": quantized_conv_chain,
           "rounding": rounding_spread, "bert_small": bert_small,
           "inception_v1": light("light_inception_v1"), "squeezenet": light("light_squeezenet")}
+#: Models measured under places of their own unless --places is given: int8 kernels, not fp16 ones.
+MODEL_PLACES = {"quantized": "npu/int8/nchw,arm/fp32/nchw"}
 
 
 class Runner:
@@ -234,7 +271,7 @@ def measure(name: str, model: onnx.ModelProto, places: str, whole: bool = False,
         passed, found = runner.trial(())
         if passed:
             return {"model": name, "note": "verifies in fp16: nothing to do"}
-        fp16_names = [amp.picked_name(n) for n in amp.fp16_nodes(first.graph)]
+        fp16_names = [amp.picked_name(n) for n in amp.reduced_nodes(first.graph)]
         first_path = scratch / "first.onnx"
         from worker.engine.ir import save_model
 
@@ -269,7 +306,8 @@ def _shapes(model: onnx.ModelProto) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--places", default=PLACES)
+    parser.add_argument("--places", help=f"the places of every model (default: {PLACES}, the quantized model's "
+                                         f"{MODEL_PLACES['quantized']})")
     parser.add_argument("--only", action="append", choices=list(MODELS))
     parser.add_argument("--steps", choices=("pinned", "rewritten", "whole"), default="pinned",
                         help="pinned: steps as the engine takes them; rewritten: the same, but each candidate written "
@@ -281,14 +319,17 @@ def main(argv=None) -> int:
                         help="ours only (the baseline bisects down to single nodes: ~2 steps a node where most "
                              "must stay in fp32, as in the light zoo's models)")
     args = parser.parse_args(argv)
-    print(f"places {args.places}; a step = rebuild with pins + verify ({args.steps}); ours counts its one traced "
+    print(f"places {args.places or PLACES} (unless the row says); a step = rebuild with pins + verify ({args.steps}); ours counts its one traced "
           f"run as a step")
-    print(f"{'model':<12} {'fp16 nodes':>10}  {'ours: steps':>11} {'s':>6} {'pinned':>6}  "
+    print(f"{'model':<12} {'fp16/int8':>10}  {'ours: steps':>11} {'s':>6} {'pinned':>6}  "
           f"{'graph-order bisection: steps':>28} {'s':>6} {'pinned':>6}")
     models = {name: MODELS[name] for name in args.only or ([] if args.file else list(MODELS))}
     models.update({path.name.removesuffix(".onnx"): (lambda path=path: onnx.load(str(path))) for path in args.file})
     for name, build in models.items():
-        row = measure(name, build(), args.places, args.steps == "whole", not args.no_baseline,
+        places = args.places or MODEL_PLACES.get(name, PLACES)
+        if places != (args.places or PLACES):
+            print(f"{name:<12} under {places}")
+        row = measure(name, build(), places, args.steps == "whole", not args.no_baseline,
                       args.steps == "rewritten")
         if "note" in row:
             print(f"{name:<12} {row['note']}")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from bench.amp import bert_small, layernorm_with_large_variance, rounding_spread, softmax_over_large_logits
+from bench.amp import (bert_small, layernorm_with_large_variance, quantized_conv_chain, rounding_spread,
+                       softmax_over_large_logits)
 from tests.conftest import make_model, save_proto, tensor, vinfo
 from tests.engine.passes.place.helpers import place_model
 from worker.engine.api import OptimizeOptions, optimize
@@ -23,25 +24,26 @@ RNG = np.random.default_rng(3)
 MODELS = {"softmax": softmax_over_large_logits, "layernorm": layernorm_with_large_variance}  # from bench/amp.py
 
 
-def verifies(tmp_path, source, pinned: set[str], name: str) -> bool:
-    """The model placed with ``pinned`` nodes in fp32 verifies against ``source`` at fp16's tolerances."""
-    ctx = _pinned(source, pinned)
+def verifies(tmp_path, source, pinned: set[str], name: str, places: str = PLACES,
+             tolerances: tuple[float, float] = (FP16_RTOL, FP16_ATOL)) -> bool:
+    """The model placed with ``pinned`` nodes in fp32 verifies against ``source`` at ``tolerances`` (fp16's)."""
+    ctx = _pinned(source, pinned, places)
     out = tmp_path / f"{name}.onnx"
     save_model(ctx.model, out)
     try:
-        verify(str(source), str(out), rtol=FP16_RTOL, atol=FP16_ATOL)
+        verify(str(source), str(out), rtol=tolerances[0], atol=tolerances[1])
         return True
     except VerificationError:
         return False
 
 
-def _pinned(source, pinned):
+def _pinned(source, pinned, places: str = PLACES):
     from worker.engine.kernels import default_table
     from worker.engine.passes import PassContext, PassManager, get_pipeline
     from worker.engine.places import parse_places
 
-    options = OptimizeOptions(places=PLACES)
-    ctx = PassContext(load_model(source), options, parse_places(PLACES), kernels=default_table(),
+    options = OptimizeOptions(places=places)
+    ctx = PassContext(load_model(source), options, parse_places(places), kernels=default_table(),
                       pinned_fp32=frozenset(pinned))
     PassManager().run(ctx, get_pipeline("default").steps_for(options))
     return ctx
@@ -93,6 +95,37 @@ def test_pinned_nodes_take_no_fp16_kernel(tmp_path):
     pinned = {n.name: n.pick.place.precision for n in _pinned(source, {"add_beta", "sub"}).graph}
     assert pinned["add_beta"] is Precision.FP32 and pinned["sub"] is Precision.FP32
     assert pinned["project"] is Precision.FP16  # not pinned: as before
+
+
+INT8_PLACES = "npu/int8/nchw,arm/fp32/nchw"
+
+
+def test_int8_kernels_that_round_apart_from_the_float_reference_are_moved_back_to_fp32(tmp_path):
+    """A QDQ model's Convs on the npu's QLinearConv round where the input computes in float: it does not verify
+    (and --strict keeps the rewrite fallback from hiding it); auto mixed precision moves the fewest Convs back to
+    the fp32 place, each with its Q/DQ sandwich, and says why."""
+    source = save_proto(quantized_conv_chain(), tmp_path / "in.onnx")
+    with pytest.raises(VerificationError, match="does not compute what the input computed"):
+        optimize(source, tmp_path / "strict.onnx", OptimizeOptions(places=INT8_PLACES, strict=True,
+                                                                    precision_fallback=False))
+    free = {n.name: n.pick for n in place_model(source, INT8_PLACES, verify_ir=False).graph}
+    assert {name for name, pick in free.items() if pick.absorbed} == {f"conv{i}_int8" for i in range(4)}
+
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=INT8_PLACES, strict=True))
+    assert report["verification"]["passed"] is True
+    fallback = report["precision_fallback"]
+    assert fallback["ranked"] == 4  # the four Convs: the Q/DQ nodes compute what the input's do
+    pinned = {n["node"] for n in fallback["nodes"]}
+    assert pinned and pinned < {f"conv{i}" for i in range(4)}
+    assert all(n["place"] == "arm/fp32/nchw" and n["why"].startswith("in int8") for n in fallback["nodes"])
+    written = load_model(tmp_path / "out.onnx")
+    ops = {n.name: n.op_type for n in written.graph}
+    assert all(ops.get(name) == "Conv" for name in pinned)  # float Convs between their DQ and Q
+    assert {f"{name}_int8" for name in {f"conv{i}" for i in range(4)} - pinned} <= {
+        name for name, op in ops.items() if op == "QLinearConv"}
+    for name in pinned:  # fewest: each is needed
+        assert not verifies(tmp_path, source, pinned - {name}, f"without-{name}", INT8_PLACES,
+                            (report["verification"]["rtol"], report["verification"]["atol"])), name
 
 
 @pytest.mark.models  # a bench architecture (bench/amp.py's encoder): 17 rebuilds and verifications

@@ -1,4 +1,5 @@
-"""Auto mixed precision: the fewest nodes that must compute in fp32 for a model placed on fp16 places to verify.
+"""Auto mixed precision: the fewest nodes that must compute in fp32 for a model placed on fp16 (or int8) places to
+verify.
 
 When verification fails with fp16 places, the failed candidate and the input model run once more, each with
 every value of the main graph as an output (``numeric.value_errors``): each value gets its error against the
@@ -9,6 +10,12 @@ that order finds the shortest prefix that verifies when pinned to fp32 (``PassCo
 static_kernel_pick); each step rebuilds the model and verifies it (one runtime run of each model). Then the
 pins are tried without, least ranked first (one by one when few, in halves when many), so no pinned node is
 there for nothing.
+
+int8 places are searched alike: a quantized model's Conv on an int8 QLinearConv kernel rounds its
+accumulator once where the input model computes in float between DequantizeLinear and QuantizeLinear, and a
+value on a rounding tie comes out one quantization step apart, which the layers after can grow past the
+tolerance (an uncalibrated torchvision ResNet-18 under ``npu/int8/nchw``: 0.07 in the logits). Pinning such a
+node keeps it on the fp32 place with its Q/DQ sandwich, which computes what the input does.
 
 Where fp16 fails nearly everywhere (weights that make values grow past fp16's range, as the light model zoo's
 constant weights do), the bisection and the unpinning would spend a step on almost every node (Inception v1:
@@ -51,6 +58,7 @@ class Ranked:
     growth: float  # error made here, in tolerances (outputs' error less the inputs')
     error: float  # the error of its outputs, in tolerances
     beyond_fp16: bool = False  # it reads or writes a value the input model has beyond fp16's range
+    precision: str = "fp16"  # the reduced precision it was placed in (fp16, int8)
 
 
 @dataclass
@@ -70,14 +78,18 @@ class Outcome:
         return len(self.steps)
 
 
-def fp16_nodes(graph: Graph) -> list[Node]:
-    """Compute nodes of the main graph placed to compute in fp16 (casts are not computation)."""
+def reduced_nodes(graph: Graph) -> list[Node]:
+    """Compute nodes of the main graph placed to compute in a precision the input model did not: fp16, or int8
+    arithmetic where the input computed in float between DequantizeLinear and QuantizeLinear (a Conv on a
+    QLinearConv kernel, ``Pick.absorbed``; int8 data moved or (de)quantized as the input model says is not that).
+    Casts are not computation."""
     return [n for n in graph if getattr(n, "pick", None) is not None and not is_cast(n)
-            and n.pick.place.precision is Precision.FP16]
+            and (n.pick.place.precision is Precision.FP16
+                 or (n.pick.place.precision is Precision.INT8 and n.pick.absorbed))]
 
 
 def rank(graph: Graph, errors: dict[str, float], beyond: Collection[str] = ()) -> list[Ranked]:
-    """The fp16 nodes, most error growth first; ties (and nodes whose outputs could not be compared: last)
+    """The nodes computing in reduced precision (``reduced_nodes``), most error growth first; ties (and nodes whose outputs could not be compared: last)
     in graph order. Nodes that read or write a value named in ``beyond`` (the input model's values beyond
     fp16's range) come first, in the same order among themselves."""
     memo: dict[str, float] = {}
@@ -104,7 +116,7 @@ def rank(graph: Graph, errors: dict[str, float], beyond: Collection[str] = ()) -
         return memo[value.name]
 
     ranked = []
-    for index, node in enumerate(fp16_nodes(graph)):
+    for index, node in enumerate(reduced_nodes(graph)):
         measured = [errors[v.name] for v in node.outputs if v is not None and v.name in errors]
         if not measured:  # only through a cast after it: what the cast's output carries
             measured = [arrived(c.outputs[0]) for v in node.outputs if v is not None for c in v.consumers()
@@ -116,7 +128,7 @@ def rank(graph: Graph, errors: dict[str, float], beyond: Collection[str] = ()) -
         touched = {getattr(origin(v), "name", None) for v in (*node.inputs, *node.outputs) if v is not None}
         out_of_range = bool(beyond) and not touched.isdisjoint(beyond)
         ranked.append((not out_of_range, not measured, -growth, -error, index,
-                       Ranked(picked_name(node), op, growth, error, out_of_range)))
+                       Ranked(picked_name(node), op, growth, error, out_of_range, str(node.pick.place.precision))))
     ranked.sort(key=lambda item: item[:5])
     return [item[5] for item in ranked]
 
@@ -310,19 +322,20 @@ def describe_weight(item: Ranked) -> str:
 def describe(item: Ranked, untried: bool = False) -> str:
     """Why a node was pinned, as a sentence; ``untried``: unpinning stopped before it was tried without its pin
     (``Outcome.untried``)."""
+    where = f"in {item.precision}"
     if untried:
-        return (f"in fp16 its output is off by {_fmt(item.error)} x the verification tolerance; kept in fp32 "
-                f"without being tried in fp16 alone, as unpinning stopped early (the error is spread over many "
+        return (f"{where} its output is off by {_fmt(item.error)} x the verification tolerance; kept in fp32 "
+                f"without being tried {where} alone, as unpinning stopped early (the error is spread over many "
                 f"nodes, so nearly every pin is needed)")
     if item.beyond_fp16:
         return ("it reads or writes values beyond fp16's range (65504) in the input model: kept in fp32 with the "
                 "other nodes that do, as the placement needs it (not verified without it alone)")
     if item.growth >= NOT_FINITE:
-        return "in fp16 its output leaves fp16's range (65504) or turns non-finite where the input model's does not"
+        return f"{where} its output leaves fp16's range (65504) or turns non-finite where the input model's does not"
     if item.growth > 0:
-        return (f"in fp16 it adds {_fmt(item.growth)} x the verification tolerance to the error of its inputs "
+        return (f"{where} it adds {_fmt(item.growth)} x the verification tolerance to the error of its inputs "
                 f"(its output is off by {_fmt(item.error)} x the tolerance)")
-    return (f"in fp16 it adds no error of its own (its output is off by {_fmt(item.error)} x the tolerance, "
+    return (f"{where} it adds no error of its own (its output is off by {_fmt(item.error)} x the tolerance, "
             f"as its inputs are), but the output verifies only with it computed in fp32 too")
 
 

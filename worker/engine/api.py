@@ -279,9 +279,9 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
 
 
 def _falls_back(options: OptimizeOptions, places: ValidPlaces, exc: VerificationError) -> bool:
-    """Auto mixed precision applies: asked for, a place computes in fp16, the models ran and differ."""
+    """Auto mixed precision applies: asked for, a place computes in fp16 or int8, the models ran and differ."""
     return (options.precision_fallback and getattr(exc, "mismatch", None) is not None
-            and any(p.precision is Precision.FP16 for p in places))
+            and any(p.precision in (Precision.FP16, Precision.INT8) for p in places))
 
 
 def fall_back(model, failure: str, reference: Path, directory: Path, build: Callable,
@@ -302,14 +302,15 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
         order = amp.rank(model.graph, errors, beyond)
         section["ranked"] = len(order)
         if not order:
-            section["refusal"] = "No node computes in fp16, so auto mixed precision has nothing to move to fp32."
+            section["refusal"] = ("No node computes in fp16, or in int8 where the input model computed in float, so "
+                                  "auto mixed precision has nothing to move to fp32.")
             return section, None
 
         outcome, rebuilt = search_rebuilds(order, build, reference, Path(scratch), verify_args)
     section.update(runs=outcome.runs, steps=outcome.steps, seconds=round(time.perf_counter() - started, 3),
                    placement_only=[r.node for r in outcome.unneeded], unpinning_stopped=outcome.stopped)
     if not outcome.passed:
-        section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 to fp32 "
+        section["refusal"] = (f"Auto mixed precision moved all {len(order)} nodes that compute in fp16 or int8 to fp32 "
                               f"places, and the output still does not verify: {outcome.steps[-1]['found']}"
                               if outcome.steps else "Auto mixed precision found nothing to try.")
         return section, None

@@ -310,10 +310,13 @@ def _is_beyond(a, fp16_max: float) -> bool:
 
 def _error(a, b, rtol: float, atol: float, not_finite: float) -> float | None:
     """The largest ``|b - a| / (atol + rtol * |a|)`` over the elements (an NHWC ``b`` compared transposed back),
-    or None where the two cannot be compared (not float arrays, or shapes that differ otherwise)."""
+    or None where the two cannot be compared (not numeric arrays, or shapes that differ otherwise). Integers
+    count: a quantized value one step off is where an int8 kernel's rounding shows."""
     import numpy as np
 
-    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.dtype.kind != "f" or b.dtype.kind != "f":
+    numeric = "fiu"
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.dtype.kind not in numeric \
+            or b.dtype.kind not in numeric:
         return None
     if b.shape != a.shape and b.ndim == 4 and b.shape == (a.shape[0], a.shape[2], a.shape[3], a.shape[1]):
         b = b.transpose(0, 3, 1, 2)

@@ -92,11 +92,13 @@ class Pick:
     """What kernel pick leaves on a placed node (``Node.pick``), casts included: the kernel, resolved.
 
     ``qdq`` is set when the node runs in its quantized form (a Conv between DequantizeLinear and
-    QuantizeLinear on a QLinearConv kernel): type_precision_cast absorbs that Q/DQ sandwich into it.
+    QuantizeLinear on a QLinearConv kernel): type_precision_cast absorbs that Q/DQ sandwich into it, and the
+    node it makes has ``absorbed`` set (it computes in int8 what the input model computed in float).
     """
 
     resolved: Resolved
     qdq: Any = None
+    absorbed: bool = False
 
     @property
     def kernel(self) -> Kernel:

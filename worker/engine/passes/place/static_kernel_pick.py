@@ -307,10 +307,12 @@ def _options(ctx: PassContext) -> tuple[list[Node], list[list], dict]:
 
 def _pinned(variants: list[list[Candidate]], ctx: PassContext, node: Node, facts: NodeFacts, portable: bool,
             fits: dict) -> list[list[Candidate]]:
-    """A pinned node's candidates that do not compute in fp16 (``ctx.pinned_fp32``: auto mixed precision), its
-    fp16 inputs taken in fp32 when its kernels follow their inputs' precision; its own candidates when it has
-    no other (it cannot be pinned)."""
-    kept = [k for k in ([c for c in v if c.scored.resolved.precision is not Precision.FP16] for v in variants) if k]
+    """A pinned node's candidates that compute neither in fp16 nor in int8 (``ctx.pinned_fp32``: auto mixed
+    precision; a Conv between Q/DQ then keeps its sandwich on a float kernel), its fp16 inputs taken in fp32
+    when its kernels follow their inputs' precision; its own candidates when it has no other (it cannot be
+    pinned)."""
+    reduced = (Precision.FP16, Precision.INT8)
+    kept = [k for k in ([c for c in v if c.scored.resolved.precision not in reduced] for v in variants) if k]
     if not kept:
         kept = [sorted(_in_fp32(ctx.kernels, node, facts, ctx.places, portable, fits), key=Candidate.sort_key)]
     return kept if kept[0] else variants

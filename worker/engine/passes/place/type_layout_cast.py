@@ -20,6 +20,7 @@ from worker.engine.kernels.pick import Pick, Port
 from worker.engine.mirserve_domain import ops as domain
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support import qdq
 from worker.engine.passes.support.casts import (captured_reads, cast_kernel, consumer_slots, converted_constant,
                                                 find_shared, insert_cast, redirect_output)
 from worker.engine.passes.support.nhwc import (TO_NCHW, TO_NHWC, complete_attributes, is_biased, nhwc_form,
@@ -91,10 +92,14 @@ NHWC_SUFFIX = "_nhwc"
 
 
 def picked_name(node: Node) -> str:
-    """The name ``node`` had when kernel pick chose its kernel (its NHWC form is renamed after)."""
-    if node.domain == domain.DOMAIN and node.op_type.startswith("Nhwc") and node.name.endswith(NHWC_SUFFIX):
-        return node.name[:-len(NHWC_SUFFIX)]
-    return node.name
+    """The name ``node`` had when kernel pick chose its kernel (its NHWC form and the quantized node made of a
+    Q/DQ sandwich are renamed after)."""
+    name = node.name
+    if node.domain == domain.DOMAIN and node.op_type.startswith("Nhwc") and name.endswith(NHWC_SUFFIX):
+        name = name[:-len(NHWC_SUFFIX)]
+    if node.pick is not None and node.pick.absorbed and name.endswith(qdq.QUANTIZED_SUFFIX):
+        name = name[:-len(qdq.QUANTIZED_SUFFIX)]
+    return name
 
 
 def _zero_bias(graph: Graph, node: Node, weight_shape, group: int) -> Value:

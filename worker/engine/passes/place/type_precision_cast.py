@@ -86,7 +86,7 @@ def absorb_quantized(graph: Graph) -> int:
         if node.graph is not graph or pick is None or pick.qdq is None:
             continue
         qnode = qdq.absorb(graph, pick.qdq)
-        new_pick = Pick(pick.resolved)
+        new_pick = Pick(pick.resolved, absorbed=True)
         annotate(qnode, new_pick)
         place_outputs(qnode, new_pick)
         for value in qnode.inputs:

@@ -24,6 +24,9 @@ from worker.engine.passes.support.placement import is_constant, value_facts
 QLINEAR = {"Conv": "QLinearConv", "MatMul": "QLinearMatMul"}
 INT8_DTYPES = (2, 3)  # uint8, int8
 
+#: What the quantized node made of a Q/DQ sandwich adds to the name of the node it replaces.
+QUANTIZED_SUFFIX = "_int8"
+
 
 @dataclass
 class Sandwich:
@@ -163,7 +166,7 @@ def absorb(graph: Graph, sandwich: Sandwich) -> Node:
         bias = np.round(_bias_array(sandwich.bias) / scale).astype(np.int32)
         inputs.append(graph.add_initializer(f"{node.name}_bias_int32", bias.reshape(-1)))
     attributes = {name: attr for name, attr in node.attributes.items()}
-    qnode = graph.add_node(sandwich.qop, inputs, [quant.output()], name=f"{node.name}_int8",
+    qnode = graph.add_node(sandwich.qop, inputs, [quant.output()], name=node.name + QUANTIZED_SUFFIX,
                            attributes=attributes, before=quant)
     dead = [quant, node]
     for producer in (data, weight, weight.input(0).producer,
