@@ -126,8 +126,8 @@ class JobSummary(BaseModel):
     memory_spaces: list[MemorySpace] | None = None
     placement: PlacementCost | None = Field(None, description="the cost of the kernel pick against the greedy pick")
     precision_fallback: PrecisionFallback | None = Field(
-        None, description="auto mixed precision (option precision_fallback): with fp16 places, the fewest nodes "
-                          "kept in fp32 for the output to verify; the report's precision_fallback says why each")
+        None, description="auto mixed precision (option precision_fallback): with fp16 or int8 places, the fewest "
+                          "nodes kept in fp32 for the output to verify; the report's precision_fallback says why each")
     storage_fallback: StorageFallback | None = Field(
         None, description="with option fp16_storage (and precision_fallback): the fewest weights kept in fp32 for "
                           "the output to verify; the report's storage_fallback says why each")

@@ -319,7 +319,8 @@ def main(argv=None) -> int:
                         help="ours only (the baseline bisects down to single nodes: ~2 steps a node where most "
                              "must stay in fp32, as in the light zoo's models)")
     args = parser.parse_args(argv)
-    print(f"places {args.places or PLACES} (unless the row says); a step = rebuild with pins + verify ({args.steps}); ours counts its one traced "
+    print(f"places {args.places or PLACES} (unless the row says); a step = rebuild with pins + verify "
+          f"({args.steps}); ours counts its one traced "
           f"run as a step")
     print(f"{'model':<12} {'fp16/int8':>10}  {'ours: steps':>11} {'s':>6} {'pinned':>6}  "
           f"{'graph-order bisection: steps':>28} {'s':>6} {'pinned':>6}")

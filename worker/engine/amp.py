@@ -89,9 +89,9 @@ def reduced_nodes(graph: Graph) -> list[Node]:
 
 
 def rank(graph: Graph, errors: dict[str, float], beyond: Collection[str] = ()) -> list[Ranked]:
-    """The nodes computing in reduced precision (``reduced_nodes``), most error growth first; ties (and nodes whose outputs could not be compared: last)
-    in graph order. Nodes that read or write a value named in ``beyond`` (the input model's values beyond
-    fp16's range) come first, in the same order among themselves."""
+    """The nodes computing in reduced precision (``reduced_nodes``), most error growth first; ties (and nodes
+    whose outputs could not be compared: last) in graph order. Nodes that read or write a value named in
+    ``beyond`` (the input model's values beyond fp16's range) come first, in the same order among themselves."""
     memo: dict[str, float] = {}
 
     def origin(value):

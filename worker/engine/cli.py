@@ -80,9 +80,9 @@ def add_option_arguments(cmd: argparse.ArgumentParser, *, check_support: bool = 
                      help="write a model that cannot be verified (onnxruntime cannot run the input) with a "
                           "warning, instead of failing")
     cmd.add_argument("--no-precision-fallback", action="store_true",
-                     help="with fp16 places or --fp16-storage, fail when the output does not verify (by default "
-                          "the fewest nodes that must compute in fp32 are moved to an fp32 place, or the fewest "
-                          "weights kept in fp32, and it is verified again)")
+                     help="with fp16 or int8 places or --fp16-storage, fail when the output does not verify (by "
+                          "default the fewest nodes that must compute in fp32 are moved to an fp32 place, or the "
+                          "fewest weights kept in fp32, and it is verified again)")
     cmd.add_argument("--strict", action="store_true",
                      help="fail the run when a pass fails or its result does not verify (by default its "
                           "edits are undone, the run goes on without it and warns)")

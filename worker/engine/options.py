@@ -43,7 +43,7 @@ class OptimizeOptions:
     #: Publish a model that cannot be verified (onnxruntime cannot load or run the input) with ``verified``
     #: false and a warning, instead of failing the run.
     allow_unverified: bool = False
-    #: Auto mixed precision: when a model placed on fp16 places fails verification, find the fewest nodes
+    #: Auto mixed precision: when a model placed on fp16 (or int8) places fails verification, find the fewest nodes
     #: that must compute in fp32, move them to an fp32 place and verify again; with fp16_storage, the fewest
     #: weights to keep in fp32 likewise (off: fail the run).
     precision_fallback: bool = True
