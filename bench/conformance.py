@@ -1,9 +1,10 @@
 """Conformance: every node test case of onnx (``onnx.backend.test.case.node.collect_testcases()``, each a model
-with inputs and expected outputs) through ``optimize()`` in six configurations, as onnxruntime runs the same
+with inputs and expected outputs) through ``optimize()`` in seven configurations, as onnxruntime runs the same
 suite against itself.
 
 Configurations: ``default`` (x86/fp32/nchw), ``portable`` (standard ONNX ops only), ``arm_fp16`` (arm/fp16/nhwc,
-arm/fp32/nchw), ``opencl_fp16`` (opencl/fp16/nchw, arm/fp32/nchw), ``cuda`` (cuda/fp32/nchw), and ``folded``
+arm/fp32/nchw), ``opencl_fp16`` (opencl/fp16/nchw, arm/fp32/nchw), ``cuda`` (cuda/fp32/nchw), ``npu_int8``
+(npu/int8/nchw, arm/fp32/nchw: the quantized cases on int8 kernels), and ``folded``
 (default places, the case's inputs baked in as initializers, so the whole graph goes through constant folding
 and the one-node evaluator). Each case ends as one of:
 
@@ -73,6 +74,7 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("arm_fp16", places="arm/fp16/nhwc,arm/fp32/nchw", half=True),
     Config("opencl_fp16", places="opencl/fp16/nchw,arm/fp32/nchw", half=True),
     Config("cuda", places="cuda/fp32/nchw"),
+    Config("npu_int8", places="npu/int8/nchw,arm/fp32/nchw"),
     Config("folded", folded=True),
 )}
 

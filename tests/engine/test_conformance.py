@@ -1,6 +1,6 @@
-"""onnx's node test cases through optimize() (bench/conformance.py runs all ~1,900 in six configurations):
+"""onnx's node test cases through optimize() (bench/conformance.py runs all ~1,900 in seven configurations):
 every case that once crashed, came out wrong or stopped loading, in each configuration it failed in, and
-(marked ``models``) a spread sample of every op in all six. Each must end matched, refused or unrunnable
+(marked ``models``) a spread sample of every op in all seven. Each must end matched, refused or unrunnable
 (onnxruntime runs neither the input nor anything else), never as a failure."""
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_a_case_that_failed_once_ends_well(spec, config, regression_cases, tmp_p
     assert outcome.outcome not in FAILURES, f"{outcome.outcome}: {outcome.detail}"
 
 
-#: Every how-many-th case the sample takes (about 190 cases, six configurations each).
+#: Every how-many-th case the sample takes (about 190 cases, seven configurations each).
 SAMPLE_EVERY = 10
 
 
