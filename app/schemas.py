@@ -84,7 +84,10 @@ class PlacementCost(BaseModel):
 
 
 class PrecisionFallback(BaseModel):
-    nodes: list[str] = Field(description="nodes kept in fp32 because the model did not verify with them in fp16")
+    nodes: list[str] = Field(description="nodes kept in fp32 because the model did not verify with them in fp16 "
+                                         "or int8")
+    precisions: list[str] = Field(default_factory=list, description="the precisions they were taken out of "
+                                                                    "(fp16, int8)")
     runs: int | None = Field(None, description="verification runs auto mixed precision took to find them")
     seconds: float | None = None
 

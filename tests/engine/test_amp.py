@@ -78,6 +78,7 @@ def test_the_fallback_verifies_with_the_fewest_nodes_in_fp32(tmp_path, kind):
         assert not verifies(tmp_path, source, pinned - {name}, f"without-{name}"), name
     # and the summary says so
     assert report["summary"]["precision_fallback"]["nodes"] == sorted(pinned)
+    assert report["summary"]["precision_fallback"]["precisions"] == ["fp16"]
 
 
 def test_softmax_needs_its_logits_in_fp32_too(tmp_path):
@@ -118,6 +119,7 @@ def test_int8_kernels_that_round_apart_from_the_float_reference_are_moved_back_t
     pinned = {n["node"] for n in fallback["nodes"]}
     assert pinned and pinned < {f"conv{i}" for i in range(4)}
     assert all(n["place"] == "arm/fp32/nchw" and n["why"].startswith("in int8") for n in fallback["nodes"])
+    assert fallback["precisions"] == report["summary"]["precision_fallback"]["precisions"] == ["int8"]
     written = load_model(tmp_path / "out.onnx")
     ops = {n.name: n.op_type for n in written.graph}
     assert all(ops.get(name) == "Conv" for name in pinned)  # float Convs between their DQ and Q

@@ -317,6 +317,7 @@ def fall_back(model, failure: str, reference: Path, directory: Path, build: Call
     from worker.engine.passes.place.type_layout_cast import picked_name
 
     nodes = {picked_name(n): n for n in rebuilt[0].graph}
+    section["precisions"] = sorted({item.precision for item in outcome.pinned})
     for item in outcome.pinned:
         node = nodes.get(item.node)
         place = str(node.pick.place) if node is not None and getattr(node, "pick", None) is not None else None

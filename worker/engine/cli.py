@@ -348,8 +348,9 @@ def summary(report: dict[str, Any], subject: str | None = None) -> str:
     line += f"; verified on {verification['runs']} run(s){shapes}, max abs diff {worst:.3g}"
     fallback = report.get("precision_fallback")
     if fallback and fallback.get("nodes"):
-        line += (f"\nauto mixed precision: fp16 failed verification, so {len(fallback['nodes'])} node(s) compute "
-                 f"in fp32 ({fallback['runs']} verification run(s) to find them):")
+        failed = " and ".join(fallback.get("precisions") or ["fp16"])
+        line += (f"\nauto mixed precision: {failed} failed verification, so {len(fallback['nodes'])} node(s) "
+                 f"compute in fp32 ({fallback['runs']} verification run(s) to find them):")
         line += _listed([f"{n['node']} ({n['op']}) on {n['place']}: {n['why']}" for n in fallback["nodes"]],
                         "precision_fallback.nodes")
     storage = report.get("storage_fallback")

@@ -75,10 +75,12 @@ def build_summary(report: Mapping[str, Any], has_kernel: KernelLookup | None = N
 
 
 def _precision_fallback(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The nodes auto mixed precision kept in fp32 (sorted names) and the verification runs it took, or None."""
+    """The nodes auto mixed precision kept in fp32 (sorted names), the precisions they were taken out of and the
+    verification runs it took, or None."""
     if not section:
         return None
-    return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []), "runs": section.get("runs"),
+    return {"nodes": sorted(str(n.get("node")) for n in section.get("nodes") or []),
+            "precisions": list(section.get("precisions") or ["fp16"]), "runs": section.get("runs"),
             "seconds": section.get("seconds")}
 
 
@@ -420,7 +422,8 @@ def _figures_table(summary: Mapping[str, Any]):
     rows.append(["verification", _verification_text(summary.get("verification") or {})])
     fallback = summary.get("precision_fallback")
     if fallback:
-        rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after fp16 failed verification "
+        rows.append(["kept in fp32", f"{len(fallback['nodes'])} node(s) after "
+                                     f"{' and '.join(fallback.get('precisions') or ['fp16'])} failed verification "
                                      f"({fallback['runs']} verification run(s)): {', '.join(fallback['nodes'])}"])
     storage = summary.get("storage_fallback")
     if storage:
