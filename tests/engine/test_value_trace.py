@@ -132,3 +132,13 @@ def test_auto_mixed_precision_traces_within_the_verification_memory(tmp_path):
     source = save_proto(layernorm_with_large_variance(), tmp_path / "in.onnx")
     report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES, limits=Limits()))
     assert report["verification"]["passed"] is True and report["precision_fallback"]["nodes"]
+
+
+def test_integer_values_are_compared_as_numbers_and_other_kinds_left_out():
+    """A quantized value one step off is where an int8 kernel's rounding shows: it counts, in tolerances."""
+    reference = np.array([3, -7, 127], np.int8)
+    assert value_trace._error(reference, reference.copy(), 1e-4, 1e-5, NOT_FINITE_ERROR) == 0.0
+    one_off = np.array([3, -6, 127], np.int8)
+    assert value_trace._error(reference, one_off, 1e-4, 1e-5, NOT_FINITE_ERROR) == pytest.approx(1 / (1e-5 + 7e-4))
+    flags = np.array([True, False])
+    assert value_trace._error(flags, ~flags, 1e-4, 1e-5, NOT_FINITE_ERROR) is None
