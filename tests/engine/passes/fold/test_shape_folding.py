@@ -27,18 +27,18 @@ def test_tail_of_a_partly_symbolic_shape_becomes_a_constant(tmp_path):
         compare(outcome.before, outcome.after, feeds=feeds)
 
 
-def batch_reshape_model(shape_of="x", other_batch="n"):
-    """y = Reshape(x, Concat(Unsqueeze(Shape(<shape_of>)[0]), [12])): the batch is symbolic (x2's is named
-    ``other_batch``)."""
+def batch_reshape_model(shape_of="x", other_batch="n", allowzero=0, tail=(12,), x_shape=("n", 3, 4)):
+    """y = Reshape(x, Concat(Unsqueeze(Shape(<shape_of>)[0]), tail)): the batch is symbolic (x2's is named
+    ``other_batch``); ``allowzero`` as the dynamo exporter writes it (1)."""
     nodes = [helper.make_node("Shape", [shape_of], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
              helper.make_node("Concat", ["n1", "twelve"], ["target"], axis=0),
-             helper.make_node("Reshape", ["x", "target"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
-             helper.make_node("Neg", ["r"], ["z"])]
-    return make_model(nodes, [vinfo("x", shape=["n", 3, 4]), vinfo("x2", shape=[other_batch, 5])],
-                      [vinfo("z", shape=["n", 12])],
+             helper.make_node("Reshape", ["x", "target"], ["y"], allowzero=allowzero),
+             helper.make_node("Relu", ["y"], ["r"]), helper.make_node("Neg", ["r"], ["z"])]
+    return make_model(nodes, [vinfo("x", shape=list(x_shape)), vinfo("x2", shape=[other_batch, 5])],
+                      [vinfo("z", shape=["n", *([None] * len(tail))])],
                       [tensor("zero", np.array(0, np.int64)), tensor("zero1", np.array([0], np.int64)),
-                       tensor("twelve", np.array([12], np.int64))])
+                       tensor("twelve", np.array(tail, np.int64))], opset=14)
 
 
 def test_one_unknown_element_of_a_reshape_becomes_minus_one(tmp_path):
@@ -84,6 +84,38 @@ def test_a_reshape_copying_dims_of_its_own_input_gets_a_constant_shape(tmp_path)
     for n in (1, 3):
         feeds = {"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) - 5, "x2": np.zeros((n, 5), np.float32)}
         compare(outcome.before, outcome.after, feeds=feeds)
+
+
+@pytest.mark.parametrize("tail", [(12,), (-1, 4)])
+def test_an_allowzero_reshape_copying_its_own_dims_gets_a_constant_shape_and_copies(tmp_path, tail):
+    """The dynamo exporter sets allowzero on every Reshape: a 0 is then a 0, so the copied batch cannot be 0 as
+    it stands; with no 0 in the target, allowzero off reads the same (a batch of 0 is copied as 0)."""
+    outcome = run(batch_reshape_model(allowzero=1, tail=tail), STEP, tmp_path)
+    assert outcome.ops == ["Reshape", "Relu", "Neg"]
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    np.testing.assert_array_equal(reshape.input(1).const, [0, *tail])
+    assert reshape.attr("allowzero", 0) == 0
+    for n in (1, 3):
+        feeds = {"x": np.arange(n * 12, dtype=np.float32).reshape(n, 3, 4) - 5, "x2": np.zeros((n, 5), np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+@pytest.mark.parametrize("kwargs", [{"tail": (0, 12), "x_shape": ("n", 0, 4)},
+                                    {"shape_of": "x2", "other_batch": "m"}])
+def test_an_allowzero_reshape_with_a_zero_or_an_unknown_dim_keeps_its_computation(tmp_path, kwargs):
+    """A constant 0 means an empty dim under allowzero; x2's batch (another name) is no copy, and -1 for it would
+    not be what allowzero reads where that batch is 0."""
+    import onnx
+
+    from worker.engine.inference import infer_types
+    from worker.engine.ir import load_model
+    from worker.engine.passes.fold.eliminate_shape_op import _copying_shape, track
+
+    onnx.save(batch_reshape_model(allowzero=1, **kwargs), str(tmp_path / "m.onnx"))
+    model = load_model(tmp_path / "m.onnx")
+    infer_types(model)
+    [reshape] = model.graph.nodes_of_type("Reshape")
+    assert _copying_shape(reshape, track(model.graph, 14)) is None
 
 
 def test_a_dim_copied_to_another_position_is_not_a_copy(tmp_path):
@@ -141,31 +173,37 @@ def test_a_shape_that_is_a_graph_output_stays(tmp_path):
     assert outcome.ops == ["Shape"]
 
 
-def expand_mask_model(mask_batch="n"):
+def expand_mask_model(mask_batch="n", folded_condition=False):
     """TorchScript's ``mask.expand(ids.size(0), -1, ids.size(1), ids.size(1))``: Expand(mask, Where(Equal(v, -1),
-    1, v)) with v = [n, -1, s, s] read off ids (n, s); the mask is (``mask_batch``, 1, s, s)."""
+    1, v)) with v = [n, -1, s, s] read off ids (n, s); the mask is (``mask_batch``, 1, s, s). With
+    ``folded_condition`` the Equal is a constant already (an earlier fold knew it), as RoBERTa's export has it."""
     dims = [("d0", "zero"), ("d1", "one"), ("d2", "one")]
     nodes = [helper.make_node("Shape", ["ids"], ["s"])]
     for name, index in dims:
         nodes += [helper.make_node("Gather", ["s", index], [name], axis=0),
                   helper.make_node("Unsqueeze", [name, "axis0"], [f"{name}u"])]
     nodes += [helper.make_node("Concat", ["d0u", "minus", "d1u", "d2u"], ["v"], axis=0),
-              helper.make_node("Equal", ["v", "minus"], ["is_minus"]),
               helper.make_node("Where", ["is_minus", "ones", "v"], ["target"]),
               helper.make_node("Expand", ["mask", "target"], ["y"])]
+    constants = [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                 tensor("axis0", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
+                 tensor("ones", np.ones(4, np.int64))]
+    if folded_condition:
+        constants.append(tensor("is_minus", np.array([False, True, False, False])))
+    else:
+        nodes.insert(-2, helper.make_node("Equal", ["v", "minus"], ["is_minus"]))
     return make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"]),
                               vinfo("mask", shape=[mask_batch, 1, "s", "s"])],
-                      [vinfo("y", shape=[None, None, None, None])],
-                      [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
-                       tensor("axis0", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
-                       tensor("ones", np.ones(4, np.int64))])
+                      [vinfo("y", shape=[None, None, None, None])], constants)
 
 
-def test_an_expand_to_dims_of_its_own_input_gets_a_constant_target_of_ones(tmp_path):
+@pytest.mark.parametrize("folded_condition", [False, True])
+def test_an_expand_to_dims_of_its_own_input_gets_a_constant_target_of_ones(tmp_path, folded_condition):
     """No dim is -1, so Equal(v, -1) is known where v holds dims; the Where is v with 1 for the -1; each of the
     target's dims is the mask's own (by name), so 1 broadcasts to it: the target is [1, 1, 1, 1] and the output
-    keeps the names (batch, sequence) instead of four made-up ones."""
-    outcome = run(expand_mask_model(), STEP, tmp_path)
+    keeps the names (batch, sequence) instead of four made-up ones. A condition folded already (a boolean
+    constant) is read as the Equal would be."""
+    outcome = run(expand_mask_model(folded_condition=folded_condition), STEP, tmp_path)
     assert outcome.ops == ["Expand"]
     expand = outcome.model.graph.nodes_of_type("Expand")[0]
     np.testing.assert_array_equal(expand.input(1).const, [1, 1, 1, 1])

@@ -239,8 +239,10 @@ TRACKED_TYPES = INTEGER_TYPES | {TensorProto.BOOL}
 
 
 def _constant(value: Value | None) -> Partial | None:
+    """A constant integer vector, or a boolean one (an Equal folded before: TorchScript's ``Equal(v, -1)`` of an
+    expand's sizes where v holds the -1 itself), as a Partial."""
     data = value.constant_value() if value is not None else None
-    if data is None or data.ndim > 1 or data.size > MAX_TRACKED or value.dtype not in INTEGER_TYPES:
+    if data is None or data.ndim > 1 or data.size > MAX_TRACKED or value.dtype not in TRACKED_TYPES:
         return None
     return Partial(tuple(int(x) for x in np.reshape(data, -1)), scalar=data.ndim == 0, dtype=value.dtype)
 
@@ -308,6 +310,8 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 if shape is not None:
                     old = node.input(1)
                     node.set_input(1, graph.add_initializer(f"{node.name}_shape", shape))
+                    if node.attr("allowzero", 0):  # its 0s copy now (_copying_shape)
+                        node.set_attr("allowzero", 0)
                     refined = refined or not node.output(0).is_static
                     names = graph.remove_unused([old.producer]) if old.producer is not None else []
                     result.rewrote({"rule": rule, "from": names, "to": [node.name]})
@@ -317,9 +321,15 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
 
 
 def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
-    """The constant shape of ``reshape`` with 0 for each dim it copies from its own input, or None."""
+    """The constant shape of ``reshape`` with 0 for each dim it copies from its own input, or None. With
+    allowzero (the dynamo exporter sets it on every Reshape) a 0 in the target is a 0, not a copy: the target
+    qualifies only without a constant 0 and with every dim known (a dim of the input read at run time as 0 is
+    copied as 0 too), and the rewrite turns allowzero off (``SHAPE_READERS``' caller)."""
     data, partial = reshape.input(0), known.get(reshape.input(1))
-    if partial is None or partial.complete or partial.scalar or reshape.attr("allowzero", 0) != 0:
+    if partial is None or partial.complete or partial.scalar:
+        return None
+    allowzero = reshape.attr("allowzero", 0) != 0
+    if allowzero and any(isinstance(item, int) and item == 0 for item in partial.items):
         return None
     items: list[int | None] = []
     for position, item in enumerate(partial.items):
@@ -332,7 +342,7 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     # one dim known neither offline nor as a dim of the input: the element count fixes it, as -1 (a dynamic
     # batch joined with the heads, (batch * heads, s, d) -> (batch, heads, s, d)); the others must be positive
     # or copied, so that their product is not 0 wherever the input has elements
-    if items.count(None) == 1 and all(i is None or i >= 0 for i in items):
+    if items.count(None) == 1 and all(i is None or i >= 0 for i in items) and not allowzero:
         items[items.index(None)] = -1
     return np.array(items, dtype=np.int64) if None not in items else None
 
