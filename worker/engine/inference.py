@@ -300,7 +300,153 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
             length = _named_dim(node.input(1))
             if start == 0 and delta == 1 and length is not None:
                 found[out] = (out.dtype, (length,))
+        elif node.op_type == "Slice" and out.dtype:
+            shape = _clamped_slice(node)
+            if shape is not None:
+                found[out] = (out.dtype, shape)
+        elif (node.op_type in BROADCASTING or node.op_type == "Expand") and out.dtype and not node.domain:
+            shape = _broadcast_of_clamped(node)
+            if shape is not None:
+                found[out] = (out.dtype, shape)
     return found
+
+
+#: Elementwise ops whose output shape is their inputs' broadcast (numpy's rules).
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater", "Less",
+                          "GreaterOrEqual", "LessOrEqual", "Where", "Max", "Min", "Sum", "Mean", "PRelu",
+                          "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+
+
+def _clamp_name(dim: str, size: int) -> str:
+    """The name of ``min(dim, size)``: what ``x[:, :n]`` of a constant of ``size`` rows keeps, n a dim named
+    ``dim`` (BERT's ``position_ids[:, :seq]``, of a buffer of max_position_embeddings)."""
+    return f"min({dim},{size})"
+
+
+def _clamped_slice(node) -> Shape | None:
+    """The shape of ``Slice(data, [0], ends=[n], [axis], [1])`` where n is a named dim of the model's and data's
+    size C along the axis is known: that axis is ``min(n, C)`` (``_clamp_name``), the other dims data's own.
+    onnx's inference leaves the length of a slice to a symbolic end unknown, and so every dim broadcast with
+    it; ``_broadcast_of_clamped`` names those."""
+    if len(node.inputs) < 3 or node.input(0) is None or node.input(0).shape is None:
+        return None
+    data = node.input(0).shape
+    starts = node.input(1).constant_value() if node.input(1) is not None else None
+    axes = node.input(3).constant_value() if len(node.inputs) > 3 and node.input(3) is not None else None
+    steps = node.input(4).constant_value() if len(node.inputs) > 4 and node.input(4) is not None else None
+    if starts is None or starts.size != 1 or int(starts.reshape(-1)[0]) != 0:
+        return None
+    if (steps is not None and (steps.size != 1 or int(steps.reshape(-1)[0]) != 1)) or \
+            (len(node.inputs) > 4 and node.input(4) is not None and steps is None):
+        return None
+    if len(node.inputs) > 3 and node.input(3) is not None and (axes is None or axes.size != 1):
+        return None
+    axis = int(axes.reshape(-1)[0]) if axes is not None else 0
+    if not -len(data) <= axis < len(data):
+        return None
+    axis %= len(data)
+    end = _named_dim(node.input(2))
+    size = data[axis]
+    if end is None or not isinstance(size, int) or size < 1:
+        return None
+    return tuple(_clamp_name(end, size) if i == axis else d for i, d in enumerate(data))
+
+
+def _clamped_of(dim: Dim) -> str | None:
+    """The dim whose clamp ``dim`` is (``_clamp_name``), or None."""
+    if isinstance(dim, str) and dim.startswith("min(") and dim.endswith(")") and "," in dim:
+        return dim[4:dim.rindex(",")]
+    return None
+
+
+def _broadcast_of_clamped(node) -> Shape | None:
+    """The output shape of a broadcasting op (or Expand, whose target shape is read off a Concat of dims) where
+    one of its axes broadcasts a dim n with ``min(n, C)``: that axis is n. Were ``min(n, C)`` not n, it would
+    be C < n, which broadcasts with n only where C is 1, and then n is 1 too; so in every run that succeeds the
+    axis is n. None where no axis is such (onnx's inference names the rest)."""
+    if node.op_type == "Expand":
+        target = _dims_vector(node.input(1)) if len(node.inputs) > 1 else None
+        shapes = [node.input(0).shape, target]
+    else:
+        shapes = [v.shape if v is not None else None for v in node.inputs]
+    if not shapes or any(s is None for s in shapes):
+        return None
+    rank = max(len(s) for s in shapes)
+    out, clamped = [], False
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
+        if not dims:
+            out.append(1)
+        elif len(dims) == 1:
+            out.append(dims.pop())
+        else:
+            names = {_clamped_of(d) or d for d in dims}
+            if len(names) == 1 and _nameable(next(iter(names))) and not isinstance(next(iter(names)), int):
+                out.append(names.pop())
+                clamped = True
+            else:
+                out.append(None)
+    return tuple(out) if clamped else None
+
+
+#: Ops that pass a vector on unchanged when it stays a vector (TorchScript reshapes its sizes to [-1]).
+VECTOR_PASSING = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"})
+
+
+def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
+    """The dims a shape vector holds where each is a constant or a named dim (``_named_dim``): a constant
+    vector, a Concat of such pieces (TorchScript's ``expand(x.size(0), x.size(1))``), or TorchScript's
+    ``Where(Equal(v, -1), 1, v)`` of one (a dim is never negative, so it is v); None otherwise."""
+    if value is None or depth > 4:
+        return None
+    data = value.constant_value()
+    if data is not None:
+        return tuple(int(x) for x in data.reshape(-1)) if data.ndim == 1 and data.dtype.kind in "iu" else None
+    node = value.producer
+    if node is not None and not node.domain and node.op_type == "Where" and len(node.inputs) == 3:
+        return _never_negative_choice(node, depth)
+    if node is not None and not node.domain and node.op_type in VECTOR_PASSING and node.input(0) is not None \
+            and len(node.input(0).shape or ()) == 1 and len(value.shape or ()) == 1 \
+            and (node.op_type != "Cast" or node.attr("to") in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)):
+        return _dims_vector(node.input(0), depth + 1)
+    if node is None or node.domain or node.op_type != "Concat" or node.attr("axis", 0) != 0:
+        return None
+    dims: list[Dim] = []
+    for piece in node.inputs:
+        constant = piece.constant_value() if piece is not None else None
+        if constant is not None and constant.ndim == 1 and constant.dtype.kind in "iu":
+            dims.extend(int(x) for x in constant)
+            continue
+        if piece is not None and piece.producer is not None and piece.producer.op_type in ("Concat", "Where"):
+            inner = _dims_vector(piece, depth + 1)
+            if inner is None:
+                return None
+            dims.extend(inner)
+            continue
+        name = _named_dim(piece) if piece is not None and piece.shape in ((1,), None) else None
+        if name is None:
+            return None
+        dims.append(name)
+    return tuple(dims)
+
+
+def _never_negative_choice(where, depth: int) -> Shape | None:
+    """``Where(Equal(v, c), x, v)`` with c negative and v's dims (``_dims_vector``) named or non-negative: the
+    condition is false everywhere, so it is v."""
+    condition, chosen = where.input(0).producer, where.input(2)
+    if condition is None or condition.domain or condition.op_type != "Equal" or len(condition.inputs) != 2:
+        return None
+    compared = {condition.input(0), condition.input(1)}
+    if chosen not in compared:
+        return None
+    (other,) = compared - {chosen} or {None}
+    negative = other.constant_value() if other is not None else None
+    if negative is None or negative.size == 0 or negative.dtype.kind not in "iu" or not (negative < 0).all():
+        return None
+    dims = _dims_vector(chosen, depth + 1)
+    if dims is None or any(isinstance(d, int) and d < 0 for d in dims):
+        return None
+    return dims
 
 
 #: Runs of onnx's inference after the first of a round, while the declarations they make keep changing (each
@@ -353,7 +499,13 @@ def _same_dims(a: Shape, b: Shape) -> bool:
 
 
 def _declare(proto: onnx.GraphProto, name: str, dtype: int, shape: Shape) -> None:
-    info = proto.value_info.add(name=name)
+    """``name`` declared with ``shape`` (its unnamed dims left open): a graph output's own type, any other
+    value's value_info."""
+    info = next((o for o in proto.output if o.name == name), None)
+    if info is not None:
+        info.type.tensor_type.ClearField("shape")
+    else:
+        info = proto.value_info.add(name=name)
     info.type.tensor_type.elem_type = dtype
     info.type.tensor_type.shape.SetInParent()
     for dim in shape:

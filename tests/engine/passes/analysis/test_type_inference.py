@@ -236,6 +236,58 @@ def test_a_range_that_does_not_start_at_zero_is_not_named(tmp_path):
     assert dim != "s"
 
 
+def _bert_embeddings(end_source: str = "s", start: int = 0) -> onnx.ModelProto:
+    """BERT's embeddings as the TorchScript exporter writes them for a dynamic sequence: position ids are
+    ``buffer[:, :s]`` (a Slice of a [1, 16] constant to the sequence's length), token types the same slice
+    expanded to (n, s) through ``Where(Equal(v, -1), 1, v)``, both gathered and added to the token embeddings."""
+    nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]), helper.make_node("Unsqueeze", ["s", "axes"], ["s1"]),
+             helper.make_node("Slice", ["buffer", "start", f"{end_source}1", "axis1", "step"], ["positions"]),
+             helper.make_node("Slice", ["types", "type_start", "s1", "axis1", "step"], ["type_slice"]),
+             helper.make_node("Concat", ["n1", "s1"], ["sizes"], axis=0),
+             helper.make_node("Reshape", ["sizes", "minus_one"], ["sizes_flat"]),
+             helper.make_node("Equal", ["sizes_flat", "minus_ones"], ["keep"]),
+             helper.make_node("Where", ["keep", "ones", "sizes_flat"], ["target"]),
+             helper.make_node("Expand", ["type_slice", "target"], ["type_ids"]),
+             helper.make_node("Gather", ["table", "ids"], ["te"], axis=0),
+             helper.make_node("Gather", ["table", "type_ids"], ["tt"], axis=0),
+             helper.make_node("Gather", ["table", "positions"], ["pe"], axis=0),
+             helper.make_node("Add", ["te", "tt"], ["sum"]), helper.make_node("Add", ["sum", "pe"], ["y"])]
+    return make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", shape=[None, None, None])],
+                      [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                       tensor("axes", np.array([0], np.int64)), tensor("axis1", np.array([1], np.int64)),
+                       tensor("start", np.array([start], np.int64)), tensor("step", np.array([1], np.int64)),
+                       tensor("type_start", np.array([0], np.int64)),
+                       tensor("minus_one", np.array([-1], np.int64)), tensor("minus_ones", np.array([-1, -1], np.int64)),
+                       tensor("ones", np.array([1, 1], np.int64)),
+                       tensor("buffer", np.arange(16, dtype=np.int64).reshape(1, 16)),
+                       tensor("types", np.zeros((1, 16), np.int64)), tensor("table", np.zeros((16, 8), np.float32))])
+
+
+def test_a_slice_of_a_buffer_to_the_sequence_is_named_and_so_is_what_it_is_added_to(tmp_path):
+    """``buffer[:, :s]`` is min(s, 16) long; broadcast with s it can only be s (were it 16 < s, the Add would fail
+    unless 16 were 1), so the token types expanded to (n, s) and the embeddings' sum keep the model's names."""
+    onnx.save(_bert_embeddings(), str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded)
+    assert loaded.graph.value("positions").shape == (1, "min(s,16)")
+    assert loaded.graph.value("type_ids").shape == ("n", "s")
+    assert loaded.graph.value("sum").shape == ("n", "s", 8)
+    assert loaded.graph.outputs[0].shape == ("n", "s", 8)
+
+
+@pytest.mark.parametrize("end_source, start", [("n", 0), ("s", 1)])
+def test_a_slice_not_from_the_start_or_to_another_dim_is_not_the_sequence(tmp_path, end_source, start):
+    """Sliced to the batch size, or from 1: the sum broadcasts s with another length, which is not s."""
+    onnx.save(_bert_embeddings(end_source, start), str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded)
+    assert loaded.graph.value("sum").shape == ("n", "s", 8)  # the types' slice is still from 0 to s
+    assert loaded.graph.outputs[0].shape[1] != "s"
+
+
 @pytest.mark.parametrize("mask, declared", [(["batch", 1, "seq", "seq"], ("batch", 4, "seq", 8)),
                                             ([3, 1, "seq", "seq"], None)])
 def test_a_domain_attention_output_is_declared_from_what_its_inputs_prove(tmp_path, mask, declared):
