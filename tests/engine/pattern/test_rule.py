@@ -42,3 +42,30 @@ def test_rules_differing_only_in_pattern_args_get_patterns_of_their_own_and_equa
     assert [op.types for op in add.matcher.pattern.ops.values()] == [frozenset({"Add"})]
     assert IdentityScaleRule(("Mul",), commutative=True).matcher is mul.matcher
     assert IdentityScaleRule(("Mul",), commutative=False).matcher is not mul.matcher
+
+
+def test_a_rule_forwarding_a_better_known_value_leaves_the_types_stale_so_its_readers_are_typed_again(tmp_path):
+    """Reshape(ids, [-1, 0]) keeps ids' shape, but onnx types its output (unk, s): what reads it is typed so too.
+    eliminate_nop_reshape forwards ids (n, s); its readers are then typed again (at the end of this run, as
+    before the next pass that needs types), not left with the made-up batch."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.conftest import make_model, tensor, vinfo
+    from worker.engine.ir import load_model
+    from worker.engine.options import OptimizeOptions
+    from worker.engine.passes import PassContext, PassManager
+    from worker.engine.places import parse_places
+
+    nodes = [helper.make_node("Reshape", ["ids", "target"], ["flat"]),
+             helper.make_node("Gather", ["table", "flat"], ["y"], axis=0)]
+    model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", shape=[None, None, None])],
+                       [tensor("target", np.array([-1, 0], np.int64)), tensor("table", np.zeros((16, 8), np.float32))])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    ctx = PassContext(loaded, OptimizeOptions(), parse_places())
+    trace = PassManager().run(ctx, ["type_inference", "eliminate_nop_reshape"])
+    assert [n.op_type for n in loaded.graph] == ["Gather"]
+    assert loaded.graph.outputs[0].shape == ("n", "s", 8)
+    assert [entry["pass"] for entry in trace].count("type_inference") == 2

@@ -95,10 +95,18 @@ class PassResult:
     data: dict[str, Any] = field(default_factory=dict)
     #: Analyses the pass declares it may invalidate but kept valid on this run (MLIR's markPreserved).
     preserved: set[Analysis] = field(default_factory=set)
+    #: Analyses this run left stale beyond those the pass declares (``invalidate``).
+    invalidated: set[Analysis] = field(default_factory=set)
 
     def preserve(self, *analyses: Analysis) -> None:
         """Say that this run left ``analyses`` valid although the pass declares it may invalidate them."""
         self.preserved.update(analyses)
+
+    def invalidate(self, *analyses: Analysis) -> None:
+        """Say that this run left ``analyses`` stale although the pass does not declare it may (a rule whose
+        readers now read a value whose shape is better known than the one they read: inferred again, their
+        types may be too)."""
+        self.invalidated.update(analyses)
 
     def rewrote(self, detail: Any = None, count: int = 1) -> None:
         self.rewrites += count
@@ -113,6 +121,7 @@ class PassResult:
         self.details.extend(other.details)
         self.refusals.update(other.refusals)
         self.data.update(other.data)
+        self.invalidated.update(other.invalidated)
 
 
 def _default_kernels() -> "KernelTable":

@@ -169,7 +169,7 @@ class PassManager:
             self._stale.pop(Analysis.TYPES, None)
         if not result.rewrites:
             return
-        for analysis in pass_.info.invalidates - result.preserved:
+        for analysis in (pass_.info.invalidates | result.invalidated) - result.preserved:
             self._stale[analysis] = pass_.name
         if self._stale.pop(Analysis.ORDER, None) is not None:
             for body in list(ctx.graph.all_graphs()):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from worker.engine.inference import MADE_UP
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.pattern.matcher import Match, Matcher
 from worker.engine.pattern.pattern import Pattern
@@ -135,6 +136,10 @@ def _apply(ctx: "PassContext", rule: Rule, match: Match, plan: Any, result: "Pas
     read = [v for node in matched for v in node.inputs if v is not None]
     outcome = plan if isinstance(plan, Value) else rule.rewrite(ctx, match, plan)
     if isinstance(outcome, Value):
+        if better_known(outcome.shape, match.output.shape):
+            from worker.engine.passes.base import Analysis
+
+            result.invalidate(Analysis.TYPES)
         _forward(rule, graph, match, outcome)
         outcome = None
     created = [] if outcome is None else [outcome] if isinstance(outcome, Node) else list(outcome)
@@ -142,6 +147,21 @@ def _apply(ctx: "PassContext", rule: Rule, match: Match, plan: Any, result: "Pas
     kept = [node for node in dict.fromkeys([*created, *matched]) if node.graph is not None]
     replaced = list(dict.fromkeys([*before, *removed]))  # the matched nodes and what went with them
     result.rewrote({"rule": rule.name, "from": replaced, "to": [node.name for node in kept]})
+
+
+def better_known(shape, than) -> bool:
+    """``shape`` knows a dim that ``than`` does not (a number, or a name of the model's, where ``than`` has
+    none, or one onnx made up): a Reshape that forwards ``(batch, sequence)`` where its output was
+    ``(unk__0, sequence)`` leaves its readers typed worse than inference would now type them."""
+    if shape is None:
+        return False
+    if than is None or len(than) != len(shape):
+        return True
+    return any(_known(new) and not _known(old) for new, old in zip(shape, than))
+
+
+def _known(dim) -> bool:
+    return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
 
 
 def _forward(rule: Rule, graph: Graph, match: Match, value: Value) -> None:
