@@ -363,7 +363,9 @@ def _broadcast_of_clamped(node) -> Shape | None:
     """The output shape of a broadcasting op (or Expand, whose target shape is read off a Concat of dims) where
     one of its axes broadcasts a dim n with ``min(n, C)``: that axis is n. Were ``min(n, C)`` not n, it would
     be C < n, which broadcasts with n only where C is 1, and then n is 1 too; so in every run that succeeds the
-    axis is n. None where no axis is such (onnx's inference names the rest)."""
+    axis is n. None where no axis is such (onnx's inference names the rest), but for an Expand whose every dim
+    is known: onnx does not read a target computed through TorchScript's Where (BART's
+    ``positions.expand(batch, -1)``)."""
     if node.op_type == "Expand":
         target = _dims_vector(node.input(1)) if len(node.inputs) > 1 else None
         shapes = [node.input(0).shape, target]
@@ -386,6 +388,8 @@ def _broadcast_of_clamped(node) -> Shape | None:
                 clamped = True
             else:
                 out.append(None)
+    if node.op_type == "Expand" and None not in out:  # onnx reads no target computed through a Where
+        return tuple(out)
     return tuple(out) if clamped else None
 
 
@@ -432,7 +436,15 @@ def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
 
 def _never_negative_choice(where, depth: int) -> Shape | None:
     """``Where(Equal(v, c), x, v)`` with c negative and v's dims (``_dims_vector``) named or non-negative: the
-    condition is false everywhere, so it is v."""
+    condition is false everywhere, so it is v. A condition folded already (a constant) picks from both sides
+    (BART's ``positions.expand(batch, -1)``: 1 where the -1 was)."""
+    folded = where.input(0).constant_value()
+    if folded is not None:
+        sides = [_dims_vector(where.input(i), depth + 1) for i in (1, 2)]
+        if folded.ndim != 1 or any(s is None or len(s) != folded.size for s in sides):
+            return None
+        picked = tuple(a if bool(c) else b for c, a, b in zip(folded, *sides))
+        return None if any(isinstance(d, int) and d < 0 for d in picked) else picked
     condition, chosen = where.input(0).producer, where.input(2)
     if condition is None or condition.domain or condition.op_type != "Equal" or len(condition.inputs) != 2:
         return None
