@@ -288,6 +288,31 @@ def test_a_slice_not_from_the_start_or_to_another_dim_is_not_the_sequence(tmp_pa
     assert loaded.graph.outputs[0].shape[1] != "s"
 
 
+@pytest.mark.parametrize("condition, declared", [([False, True], ("n", "s")), ([False, False], None)])
+def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, condition, declared):
+    """BART's ``positions.expand(batch, -1)``: Expand(Range(0, s, 1), Where(c, 1, [n, -1])) with the Equal that
+    was c folded; the target is [n, 1] and the positions (n, s). A condition that keeps the -1 is no target."""
+    nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             helper.make_node("Range", ["zero", "s", "one"], ["positions"]),
+             helper.make_node("Concat", ["n1", "minus_one"], ["sizes"], axis=0),
+             helper.make_node("Where", ["keep", "ones", "sizes"], ["target"]),
+             helper.make_node("Expand", ["positions", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", TensorProto.INT64, [None, None])],
+                       [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                        tensor("axes", np.array([0], np.int64)), tensor("minus_one", np.array([-1], np.int64)),
+                        tensor("ones", np.array([1, 1], np.int64)), tensor("keep", np.array(condition))])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded)
+    if declared:
+        assert loaded.graph.outputs[0].shape == declared
+    else:
+        assert loaded.graph.outputs[0].shape != ("n", "s")
+
+
 @pytest.mark.parametrize("mask, declared", [(["batch", 1, "seq", "seq"], ("batch", 4, "seq", 8)),
                                             ([3, 1, "seq", "seq"], None)])
 def test_a_domain_attention_output_is_declared_from_what_its_inputs_prove(tmp_path, mask, declared):
