@@ -367,7 +367,7 @@ def _broadcast_of_clamped(node) -> Shape | None:
     is known: onnx does not read a target computed through TorchScript's Where (BART's
     ``positions.expand(batch, -1)``)."""
     if node.op_type == "Expand":
-        target = _dims_vector(node.input(1)) if len(node.inputs) > 1 else None
+        target = dims_vector(node.input(1)) if len(node.inputs) > 1 else None
         shapes = [node.input(0).shape, target]
     else:
         shapes = [v.shape if v is not None else None for v in node.inputs]
@@ -397,7 +397,7 @@ def _broadcast_of_clamped(node) -> Shape | None:
 VECTOR_PASSING = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"})
 
 
-def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
+def dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
     """The dims a shape vector holds where each is a constant or a named dim (``_named_dim``): a constant
     vector, a Concat of such pieces (TorchScript's ``expand(x.size(0), x.size(1))``), or TorchScript's
     ``Where(Equal(v, -1), 1, v)`` of one (a dim is never negative, so it is v); None otherwise."""
@@ -412,7 +412,7 @@ def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
     if node is not None and not node.domain and node.op_type in VECTOR_PASSING and node.input(0) is not None \
             and len(node.input(0).shape or ()) == 1 and len(value.shape or ()) == 1 \
             and (node.op_type != "Cast" or node.attr("to") in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)):
-        return _dims_vector(node.input(0), depth + 1)
+        return dims_vector(node.input(0), depth + 1)
     if node is None or node.domain or node.op_type != "Concat" or node.attr("axis", 0) != 0:
         return None
     dims: list[Dim] = []
@@ -422,7 +422,7 @@ def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
             dims.extend(int(x) for x in constant)
             continue
         if piece is not None and piece.producer is not None and piece.producer.op_type in ("Concat", "Where"):
-            inner = _dims_vector(piece, depth + 1)
+            inner = dims_vector(piece, depth + 1)
             if inner is None:
                 return None
             dims.extend(inner)
@@ -435,12 +435,12 @@ def _dims_vector(value: Value | None, depth: int = 0) -> Shape | None:
 
 
 def _never_negative_choice(where, depth: int) -> Shape | None:
-    """``Where(Equal(v, c), x, v)`` with c negative and v's dims (``_dims_vector``) named or non-negative: the
+    """``Where(Equal(v, c), x, v)`` with c negative and v's dims (``dims_vector``) named or non-negative: the
     condition is false everywhere, so it is v. A condition folded already (a constant) picks from both sides
     (BART's ``positions.expand(batch, -1)``: 1 where the -1 was)."""
     folded = where.input(0).constant_value()
     if folded is not None:
-        sides = [_dims_vector(where.input(i), depth + 1) for i in (1, 2)]
+        sides = [dims_vector(where.input(i), depth + 1) for i in (1, 2)]
         if folded.ndim != 1 or any(s is None or len(s) != folded.size for s in sides):
             return None
         picked = tuple(a if bool(c) else b for c, a, b in zip(folded, *sides))
@@ -455,7 +455,7 @@ def _never_negative_choice(where, depth: int) -> Shape | None:
     negative = other.constant_value() if other is not None else None
     if negative is None or negative.size == 0 or negative.dtype.kind not in "iu" or not (negative < 0).all():
         return None
-    dims = _dims_vector(chosen, depth + 1)
+    dims = dims_vector(chosen, depth + 1)
     if dims is None or any(isinstance(d, int) and d < 0 for d in dims):
         return None
     return dims

@@ -2,8 +2,8 @@
 Transpose, Pad, Slice, Expand, Concat, Split, a Gather that takes every element in order, a ScatterND that
 overwrites everything, 1x1 pooling, scale by one, a Softmax or a reduction over one element) and pairs that
 collapse (Transposes, Reshapes, Squeeze/Unsqueeze, Slices over other axes, a reduction and the Unsqueeze that
-restores its axes, global pooling + Flatten, Reshape before a binary op, a Transpose written over merged
-leading axes), Q/DQ pairs around data movement and a Relu or Clip that a QuantizeLinear's saturation
+restores its axes, global pooling + Flatten, Reshape before a binary op, a Transpose or a Gemm written over
+merged leading axes), Q/DQ pairs around data movement and a Relu or Clip that a QuantizeLinear's saturation
 repeats. Registered on import."""
 from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     eliminate_flatten_after_global_pooling,
@@ -32,6 +32,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     fuse_consecutive_slices,
     fuse_consecutive_squeezes,
     fuse_consecutive_transposes,
+    fuse_reshape_gemm_reshape,
     fuse_reshape_transpose_reshape,
     identity_dropout_eliminate,
     identity_scale_eliminate,

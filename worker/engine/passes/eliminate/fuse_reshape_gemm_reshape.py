@@ -1,0 +1,97 @@
+"""fuse_reshape_gemm_reshape: a Gemm over the rows of a tensor whose leading axes were merged for it, and split
+back as they were, is a MatMul of the tensor itself (with the bias added).
+
+    x:[b, s, K] -> Reshape(-1, K) -> Gemm(B:[K, N], C:[N]) -> Reshape(b, s, N) -> y
+        becomes    x -> MatMul(B) -> Add(C) -> y
+
+GPT-2's Conv1D (``x.view(-1, nx)``, ``addmm``, ``view(*x.size()[:-1], nf)``) is written this way by the
+TorchScript exporter, four times a layer; with a dynamic batch and sequence the second Reshape's shape is
+computed from x's (Shape, Gather, Unsqueeze, Concat), which goes with it. Exact: each output row is the dot
+products of one row of x with B's columns either way, and a row-major Reshape that merges the leading axes and
+splits them again moves no element.
+
+Preconditions: the first Reshape's shape is [-1, K] or the static product of x's leading dims, K x's last dim;
+Gemm with alpha 1, beta 1, no transposed A, a constant B (transposed here when transB) and a bias of N values
+or none; the second Reshape's shape is x's leading dims (the same dims by value or by the model's names: read
+through ``inference.dims_vector``) then N; the intermediates read by nothing else.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from worker.engine.inference import MADE_UP, dims_vector
+from worker.engine.ir import Node
+from worker.engine.passes.base import PassContext, PassKind, PassResult
+from worker.engine.passes.registry import register_pass
+from worker.engine.passes.support.operands import int_list
+from worker.engine.pattern import Match, Pattern, Rule, apply_rules
+
+
+class ReshapeGemmReshape(Rule):
+    name = "fuse_reshape_gemm_reshape"
+
+    def build_pattern(self) -> Pattern:
+        p = Pattern(self.name)
+        rows = p.Reshape(p.var("x"), p.var("merge_shape"), key="merge", out="rows")
+        product = p.Gemm(rows, p.var("b"), p.var("c"), key="gemm", out="product")
+        p.Reshape(product, p.var("split_shape"), key="split", out="y")
+        return p
+
+    def check(self, ctx: PassContext, match: Match) -> np.ndarray | str:
+        """B as MatMul takes it ([K, N]), or why not."""
+        x, gemm = match.value("x"), match.node("gemm")
+        if x.shape is None or len(x.shape) < 2 or not isinstance(x.shape[-1], int):
+            return "the input's rank or last dim is not known"
+        if any(node.attr("allowzero", 0) for node in (match.node("merge"), match.node("split"))):
+            return "a Reshape has allowzero"
+        k, leading = x.shape[-1], x.shape[:-1]
+        merge = int_list(match.value("merge_shape"))
+        whole = math.prod(leading) if all(isinstance(d, int) for d in leading) else None
+        if merge is None or len(merge) != 2 or merge[1] != k or merge[0] not in (-1, whole):
+            return "the first Reshape does not merge the leading axes alone"
+        if gemm.attr("alpha", 1.0) != 1.0 or gemm.attr("beta", 1.0) != 1.0 or gemm.attr("transA", 0):
+            return "the Gemm scales or transposes its input"
+        b = match.value("b").constant_value()
+        if b is None or b.ndim != 2:
+            return "B is not a constant matrix"
+        b = b.T if gemm.attr("transB", 0) else b
+        n = b.shape[1]
+        c = match.value("c").shape
+        if b.shape[0] != k or c is None or tuple(c) not in ((n,), (1, n)):
+            return "B or the bias does not match the rows"
+        split = dims_vector(match.value("split_shape"))
+        if split is None or len(split) != len(leading) + 1 or split[-1] != n \
+                or not all(_same(a, b) for a, b in zip(split[:-1], leading)):
+            return "the second Reshape does not split the rows into the input's leading dims"
+        return b
+
+    def rewrite(self, ctx: PassContext, match: Match, b: np.ndarray) -> list[Node]:
+        graph, gemm, split = match.graph, match.node("gemm"), match.node("split")
+        weight = match.value("b")
+        if gemm.attr("transB", 0):
+            weight = graph.root.add_initializer(f"{gemm.name}_weight", np.ascontiguousarray(b))
+        bias = match.value("c")  # [N] or [1, N]: either broadcasts over the leading dims as over the rows
+        matmul = graph.add_node("MatMul", [match.value("x"), weight], [f"{gemm.name}_matmul_out"], name=gemm.name,
+                                before=split)
+        y = match.value("y")
+        matmul.output(0).dtype, matmul.output(0).shape = y.dtype, y.shape
+        add = graph.add_node("Add", [matmul.output(0), bias], [y], name=f"{gemm.name}_bias", before=split)
+        return [matmul, add]
+
+
+def _same(a, b) -> bool:
+    """A dim the second Reshape asks for is the input's: the same number, or the same name of the model's."""
+    if isinstance(a, int) or isinstance(b, int):
+        return a == b
+    return isinstance(a, str) and a == b and not a.startswith(MADE_UP)
+
+
+@register_pass(name="fuse_reshape_gemm_reshape", kind=PassKind.PROGRAM, level=1,
+               description="Reshape merging leading axes -> Gemm -> Reshape splitting them again -> MatMul + Add "
+                           "(GPT-2's Conv1D)")
+def fuse_reshape_gemm_reshape(ctx: PassContext) -> PassResult:
+    if ctx.opset() < 5:
+        return PassResult()  # Reshape keeps its shape as an attribute before opset 5
+    return apply_rules(ctx, [ReshapeGemmReshape()])
