@@ -534,8 +534,9 @@ def _scalar_constant(value: Value | None) -> int | None:
 
 
 def _named_dim(value: Value | None) -> str | None:
-    """The name (the model's, not onnx's) of the dim that the scalar ``value`` is: Shape(x) -> Gather(i), then
-    any of ``SCALAR_PASSING``, where dim i of x is that name; None otherwise."""
+    """The name (the model's, not onnx's) of the dim that the scalar ``value`` is: Shape(x) -> Gather(i), or
+    the dynamo exporter's Shape(x, start=i, end=i + 1), then any of ``SCALAR_PASSING``, where dim i of x is that
+    name; None otherwise."""
     for _ in range(8):
         node = value.producer if value is not None else None
         if node is None or node.domain:
@@ -547,6 +548,10 @@ def _named_dim(value: Value | None) -> str | None:
         value = node.input(0)
     else:
         return None
+    if node.op_type == "Shape" and node.input(0).shape is not None:  # Shape(x, start=i, end=i + 1): dim i
+        dims = node.input(0).shape[node.attr("start", 0):node.attr("end")]
+        dim = dims[0] if len(dims) == 1 else None
+        return dim if isinstance(dim, str) and not dim.startswith(MADE_UP) else None
     if node.op_type != "Gather" or node.attr("axis", 0) != 0:
         return None
     shape_node, index = node.input(0).producer, _scalar_constant(node.input(1))
