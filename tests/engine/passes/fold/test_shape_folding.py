@@ -220,3 +220,24 @@ def test_an_expand_that_may_broadcast_its_input_keeps_its_target_computation(tmp
     for n in (1, 3):
         feeds = {"ids": np.zeros((n, 4), np.int64), "mask": np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)}
         compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_a_folded_condition_read_as_an_expand_target_leaves_the_types_to_be_inferred_again(tmp_path):
+    """ViT's ``cls_token.expand(x.size(0), -1, -1)``: Expand(cls, Where(Equal(v, -1), 1, v)), v = [n, -1, -1].
+    Once the Equal is a constant, inference reads the target as [n, 1, 1] (``inference.dims_vector``), so the
+    pass leaves the types stale: the class token and the patches joined after it keep the batch's name."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus", "minus"], ["v"], axis=0),
+             helper.make_node("Equal", ["v", "minus"], ["is_minus"]),
+             helper.make_node("Where", ["is_minus", "ones", "v"], ["target"]),
+             helper.make_node("Expand", ["cls", "target"], ["tokens"]),
+             helper.make_node("Concat", ["tokens", "x"], ["y"], axis=1)]
+    model = make_model(nodes, [vinfo("x", shape=["n", 4, 8])], [vinfo("y", shape=[None, None, None])],
+                       [tensor("zero", np.array(0, np.int64)), tensor("axis0", np.array([0], np.int64)),
+                        tensor("minus", np.array([-1], np.int64)), tensor("ones", np.ones(3, np.int64)),
+                        tensor("cls", np.arange(8, dtype=np.float32).reshape(1, 1, 8))])
+    outcome = run(model, STEP, tmp_path)
+    assert outcome.model.graph.outputs[0].shape == ("n", 5, 8)
+    for n in (1, 3):
+        compare(outcome.before, outcome.after, feeds={"x": np.ones((n, 4, 8), np.float32)})

@@ -21,8 +21,9 @@ attention mask expanded to ``(batch, 1, sequence, sequence)`` keeps those names 
 (and so does every attention it feeds). Exact. A dim read
 off another value counts as x's when both carry the same name of the model's (``batch``: a dim_param names one
 value in the whole model); names onnx makes up (``unk__N``) are numbered afresh by each inference, so never.
-When that Reshape's output was not fully known, the pass leaves the types stale (it declares it may): the
-manager runs type inference before the next pass, so the Reshape and what follows it get typed.
+When that Reshape's output was not fully known, or a value it folds is read as the shape of such a Reshape or
+Expand (through a Where, a Concat, ...), the pass leaves the types stale (it declares it may): the manager runs
+type inference before the next pass, so the Reshape and what follows it get typed.
 """
 from __future__ import annotations
 
@@ -302,6 +303,7 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                     (declared is not None and tuple(declared) != partial.array().shape):
                 result.refused(f"eliminate_shape_op: {value.name!r} is typed otherwise than its computation")
                 continue
+            refined = refined or _read_as_shape(value)
             names = replace(graph, value, partial)
             result.rewrote({"rule": "eliminate_shape_op", "from": names, "to": []})
         for op_type, (rule, constant_shape) in SHAPE_READERS.items():
@@ -318,6 +320,28 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
     if not refined:  # a refined Reshape or Expand: inference could not read all of its shape; now it can
         result.preserve(Analysis.TYPES)
     return result
+
+
+#: Ops that pass a shape vector on to what reads it as a shape (TorchScript's ``Where(Equal(v, -1), 1, v)``).
+SHAPE_PASSING = frozenset({"Where", "Concat", "Cast", "Reshape", "Identity", "Squeeze", "Unsqueeze"})
+
+
+def _read_as_shape(value: Value) -> bool:
+    """A Reshape or Expand whose output is not fully known reads ``value`` as its shape, directly or through
+    ``SHAPE_PASSING`` ops: folded to a constant, its output can be inferred better (``inference.dims_vector``
+    reads a Where whose condition is a constant)."""
+    frontier, seen = [value], set()
+    while frontier:
+        current = frontier.pop()
+        for node in current.consumers():
+            if node.domain or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type in SHAPE_READERS and node.input(1) is current and not node.output(0).is_static:
+                return True
+            if node.op_type in SHAPE_PASSING:
+                frontier.extend(v for v in node.outputs if v is not None)
+    return False
 
 
 def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
