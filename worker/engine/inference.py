@@ -304,11 +304,66 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
             shape = _clamped_slice(node)
             if shape is not None:
                 found[out] = (out.dtype, shape)
+        elif node.op_type == "Reshape" and out.dtype and len(node.inputs) == 2 and not _nameable_shape(out.shape):
+            shape = _reshaped(node)
+            if shape is not None:
+                found[out] = (out.dtype, shape)
         elif (node.op_type in BROADCASTING or node.op_type == "Expand") and out.dtype and not node.domain:
             shape = _broadcast_of_clamped(node)
             if shape is not None:
                 found[out] = (out.dtype, shape)
     return found
+
+
+def _nameable_shape(shape: Shape | None) -> bool:
+    return shape is not None and all(_nameable(d) for d in shape)
+
+
+def _reshaped(node) -> Shape | None:
+    """The output shape of a Reshape whose target holds numbers, copies (0) and named dims (``dims_vector``),
+    where its -1 cancels out: the input's dims over the target's others leave one name of the model's, or a
+    number (``view(b, -1, heads, d)`` of a (b, s, heads * d) projection is (b, s, heads, d)). onnx's inference
+    does no arithmetic on names, so it makes the -1 up."""
+    data, target = node.input(0).shape, dims_vector(node.input(1))
+    allowzero = node.attr("allowzero", 0) != 0
+    if data is None or target is None or target.count(-1) > 1 or not all(_nameable(d) for d in data):
+        return None
+    dims: list[Dim] = []
+    for position, dim in enumerate(target):
+        if dim == 0 and not allowzero:
+            if position >= len(data):
+                return None
+            dim = data[position]
+        dims.append(dim)
+    if -1 not in dims:
+        return tuple(dims)
+    names: dict[str, int] = {}
+    number = 1
+    for dim in data:
+        if isinstance(dim, int):
+            number *= dim
+        else:
+            names[dim] = names.get(dim, 0) + 1
+    divisor = 1
+    for dim in dims:
+        if dim == -1:
+            continue
+        if isinstance(dim, int):
+            divisor *= dim
+        elif names.get(dim):
+            names[dim] -= 1
+        else:
+            return None  # a name the input does not hold: no cancelling
+    left = [name for name, count in names.items() for _ in range(count)]
+    if divisor == 0 or number % divisor:
+        return None
+    if not left:
+        dims[dims.index(-1)] = number // divisor
+    elif len(left) == 1 and number == divisor:
+        dims[dims.index(-1)] = left[0]
+    else:
+        return None
+    return tuple(dims)
 
 
 #: Elementwise ops whose output shape is their inputs' broadcast (numpy's rules).

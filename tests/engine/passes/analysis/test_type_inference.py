@@ -260,7 +260,8 @@ def _bert_embeddings(end_source: str = "s", start: int = 0) -> onnx.ModelProto:
                        tensor("axes", np.array([0], np.int64)), tensor("axis1", np.array([1], np.int64)),
                        tensor("start", np.array([start], np.int64)), tensor("step", np.array([1], np.int64)),
                        tensor("type_start", np.array([0], np.int64)),
-                       tensor("minus_one", np.array([-1], np.int64)), tensor("minus_ones", np.array([-1, -1], np.int64)),
+                       tensor("minus_one", np.array([-1], np.int64)),
+                       tensor("minus_ones", np.array([-1, -1], np.int64)),
                        tensor("ones", np.array([1, 1], np.int64)),
                        tensor("buffer", np.arange(16, dtype=np.int64).reshape(1, 16)),
                        tensor("types", np.zeros((1, 16), np.int64)), tensor("table", np.zeros((16, 8), np.float32))])
@@ -300,7 +301,8 @@ def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, co
              helper.make_node("Concat", ["n1", "minus_one"], ["sizes"], axis=0),
              helper.make_node("Where", ["keep", "ones", "sizes"], ["target"]),
              helper.make_node("Expand", ["positions", "target"], ["y"])]
-    model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", TensorProto.INT64, [None, None])],
+    model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])],
+                       [vinfo("y", TensorProto.INT64, [None, None])],
                        [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
                         tensor("axes", np.array([0], np.int64)), tensor("minus_one", np.array([-1], np.int64)),
                         tensor("ones", np.array([1, 1], np.int64)), tensor("keep", np.array(condition))])
@@ -311,6 +313,24 @@ def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, co
         assert loaded.graph.outputs[0].shape == declared
     else:
         assert loaded.graph.outputs[0].shape != ("n", "s")
+
+
+@pytest.mark.parametrize("target, declared", [([0, -1, 4, 16], ("n", "s", 4, 16)), ([-1, 64], None),
+                                              ([0, -1, 16], None), ([0, 0, 2, -1], ("n", "s", 2, 32))])
+def test_a_reshape_whose_minus_one_cancels_to_a_name_is_declared(tmp_path, target, declared):
+    """view(b, -1, heads, d) of a (b, s, heads * d) projection: the -1 is s, which onnx's inference (no
+    arithmetic on names) makes up; where it would be s * 4 or n * s it stays open."""
+    nodes = [helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=["n", "s", 64])], [vinfo("y", shape=[None] * len(target))],
+                       [tensor("target", np.array(target, np.int64))])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded)
+    shape = loaded.graph.outputs[0].shape
+    if declared:
+        assert shape == declared
+    else:
+        assert any(isinstance(d, str) and d.startswith("unk__") for d in shape), shape
 
 
 @pytest.mark.parametrize("mask, declared", [(["batch", 1, "seq", "seq"], ("batch", 4, "seq", 8)),
