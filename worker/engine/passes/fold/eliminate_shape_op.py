@@ -15,7 +15,10 @@ takes the chain from there.
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
 Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion), and one dim known
-neither way gets -1 (the element count fixes it). Exact. An Expand's target dims that are the input's own
+neither way gets -1 (the element count fixes it). Exact. A dim of x counts as read off x also when it was read
+off a value x's dim was carried from unchanged (``view(h.size(0), h.size(1), 4, 16)`` of ``h @ Wq``: back
+through MatMul by a matrix, elementwise ops that do not broadcast it, Transpose, Unsqueeze / Squeeze), so a
+dynamic export whose inference lost the dims' names (``unk__N``) splits its heads by a constant shape too. An Expand's target dims that are the input's own
 dims (aligned from the right) become 1, which broadcasts to the input's dim: the target is then constant, and an
 attention mask expanded to ``(batch, 1, sequence, sequence)`` keeps those names instead of four made-up ones
 (and so does every attention it feeds). Exact. A dim read
@@ -360,13 +363,94 @@ SHAPE_READERS = {"Reshape": ("reshape_copy_dims", _copying_shape), "Expand": ("e
 
 
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
-    """``item`` is dim ``position`` of ``data``: read off ``data`` there, or off another value whose dim has the
-    same symbolic name (``view(x.size(0), x.size(1), -1, 48)`` of a projection of x: both dims are ``batch``,
-    ``sequence``); type inference passes a name of the model's on only where dims are equal."""
-    if item.value is data:
-        return item.index == position
+    """``item`` is dim ``position`` of ``data``: read off ``data`` there, off a value that dim was carried
+    from unchanged (``_carried_from``: ``view(x.size(0), x.size(1), 4, 16)`` of ``x @ W``, whatever inference
+    named the dims), or off another value whose dim has the same symbolic name (both dims ``batch``); type
+    inference passes a name of the model's on only where dims are equal."""
+    if _carried_from(item.value, item.index) == _carried_from(data, position):
+        return True
     theirs, ours = item.value.shape, data.shape
     if theirs is None or ours is None or item.index >= len(theirs) or position >= len(ours):
         return False
     name = theirs[item.index]
     return isinstance(name, str) and not name.startswith("unk__") and name == ours[position]
+
+
+#: Ops whose output has their first input's shape, whatever their other inputs are.
+SHAPE_KEEPING = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Cast",
+                 "Identity", "Softmax", "LogSoftmax", "LayerNormalization", "Gelu", "HardSigmoid", "HardSwish",
+                 "LeakyRelu", "Elu", "Selu", "Softplus", "Dropout", "Not", "IsNaN", "Sign", "Floor", "Ceil",
+                 "Round", "Clip", "InstanceNormalization", "BatchNormalization", "SimplifiedLayerNormalization"}
+#: Elementwise ops that broadcast: the output keeps a dim of the first input where every other input's dim at
+#: that (right-aligned) position is a static 1 or absent.
+BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "And", "Or", "Equal", "Less", "Greater"}
+#: Attention ops: their output has the query's dims but the last (the value's head size).
+ATTENTION = {("", "Attention"), ("ai.onnx", "Attention"), ("mirserve", "ScaledDotProductAttention"),
+             ("mirserve", "MultiHeadAttention")}
+#: Longest chain of producers walked back (a transformer layer's projections are a few nodes from their input).
+MAX_CARRY = 32
+
+
+def _carried_from(value: Value, position: int) -> tuple[Value, int]:
+    """The value and dim that dim ``position`` of ``value`` was carried from unchanged: back through ops that
+    keep their first input's shape, elementwise ops whose other operands do not broadcast that dim, MatMul by a
+    matrix (the leading dims of its first operand), attention (the query's dims but the last), Reshape where its
+    constant shape has a 0 (a copy), Transpose (the dim its perm names) and Unsqueeze / Squeeze by constant
+    axes; where none applies, the value itself. Two dims carried from one are equal
+    wherever the model runs, named by inference or not (a dynamic TorchScript export's dims come out of the
+    embedding's broadcasting Adds as ``unk__N``)."""
+    for _ in range(MAX_CARRY):
+        node, shape = value.producer, value.shape
+        if node is None or shape is None or not 0 <= position < len(shape) or len(node.outputs) < 1 or \
+                node.outputs[0] is not value or not node.inputs or node.input(0) is None:
+            break
+        source = node.input(0)
+        op, rank = node.op_type, len(shape)
+        if (node.domain, op) in ATTENTION:  # (batch, heads, seq, size) or (batch, seq, hidden): q's but the last
+            if source.shape is None or len(source.shape) != rank or position >= rank - 1:
+                break
+        elif node.domain not in ("", "ai.onnx"):
+            break
+        elif op in SHAPE_KEEPING or op in BROADCASTING:
+            others = [v for v in node.inputs[1:] if v is not None] if op in BROADCASTING else []
+            if op == "Where":  # the condition broadcasts too: follow the first data operand only if all agree
+                source, others = node.input(1), [node.input(0), node.input(2)]
+            if source.shape is None or len(source.shape) != rank:
+                break
+            for other in others:
+                their = other.shape
+                if their is None:
+                    return value, position
+                at = position - (rank - len(their))
+                if at >= 0 and their[at] != 1:
+                    return value, position
+        elif op == "MatMul":
+            weight = node.input(1)
+            if source.shape is None or len(source.shape) != rank or rank < 2 or position >= rank - 1 or \
+                    weight.shape is None or len(weight.shape) != 2:
+                break
+        elif op == "Reshape":  # a 0 in a constant shape copies the input's dim at its position
+            target = int_list(node.input(1))
+            if target is None or position >= len(target) or target[position] != 0 or node.attr("allowzero", 0):
+                break
+        elif op == "Transpose":
+            perm = node.attr("perm")
+            if perm is None or len(perm) != rank:
+                break
+            position = perm[position]
+        elif op in ("Unsqueeze", "Squeeze"):
+            axes = int_list(node.input(1)) if len(node.inputs) > 1 else node.attr("axes")
+            if source.shape is None or axes is None:
+                break
+            axes = sorted(a % (rank if op == "Unsqueeze" else len(source.shape)) for a in axes)
+            if op == "Unsqueeze":
+                if position in axes:
+                    break
+                position -= sum(1 for a in axes if a < position)
+            else:
+                kept = [i for i in range(len(source.shape)) if i not in axes]
+                position = kept[position]
+        else:
+            break
+        value = source
+    return value, position
