@@ -265,3 +265,45 @@ def test_the_heads_joined_after_attention_get_a_constant_shape(tmp_path):
         feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32),
                  "y": rng.standard_normal((b, s, 8)).astype(np.float32)}
         compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_a_computed_dim_named_as_the_inputs_is_copied_under_allowzero(tmp_path):
+    """The dynamo exporter's view(batch, seq, -1, 16) with allowzero 1, where seq is arithmetic on the input's
+    size ((samples // 20) - 1: no Shape of the value reshaped) and the exporter named the Reshape's input and
+    output dims alike: the shape becomes [0, 0, -1, 4] with allowzero 0 (still right for every size)."""
+    nodes = [helper.make_node("Shape", ["audio"], ["sa"]), helper.make_node("Gather", ["sa", "one"], ["samples"], axis=0),
+             helper.make_node("Div", ["samples", "twenty"], ["d"]), helper.make_node("Sub", ["d", "one"], ["seq"]),
+             helper.make_node("Reshape", ["seq", "one1"], ["seq1"]),  # as dynamo writes it: not tracked
+             helper.make_node("Shape", ["h"], ["b1"], start=0, end=1),
+             helper.make_node("Concat", ["b1", "seq1", "minus", "four"], ["target"], axis=0),
+             helper.make_node("Reshape", ["h", "target"], ["y"], allowzero=1)]
+    named = "((samples//20)) - 1"
+    model = make_model(nodes, [vinfo("audio", shape=["batch", "samples"]), vinfo("h", shape=["batch", named, 8])],
+                       [vinfo("y", shape=["batch", named, 2, 4])],
+                       [tensor("one", np.array(1, np.int64)), tensor("twenty", np.array(20, np.int64)),
+                        tensor("zero1", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
+                        tensor("four", np.array([4], np.int64)), tensor("one1", np.array([1], np.int64))], opset=18)
+    outcome = run(model, STEP, tmp_path, check=False)  # at 1 sample the input model itself asks for -1 twice
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    np.testing.assert_array_equal(reshape.input(1).const, [0, 0, -1, 4])
+    assert not reshape.attr("allowzero", 0)
+    assert outcome.ops == ["Reshape"]
+    for b, samples in ((1, 100), (2, 200)):
+        seq = samples // 20 - 1
+        feeds = {"audio": np.zeros((b, samples), np.float32),
+                 "h": np.arange(b * seq * 8, dtype=np.float32).reshape(b, seq, 8)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_an_allowzero_shape_asking_for_an_empty_dim_keeps_its_computation(tmp_path):
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+             helper.make_node("Concat", ["n1", "zero1", "twelve"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"], allowzero=1)]
+    model = make_model(nodes, [vinfo("x", shape=["n", 0, 12])], [vinfo("y", shape=["n", 0, 12])],
+                       [tensor("zero", np.array(0, np.int64)), tensor("zero1", np.array([0], np.int64)),
+                        tensor("twelve", np.array([12], np.int64))], opset=18)
+    outcome = run(model, STEP, tmp_path, check=False)
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    assert reshape.attr("allowzero", 0) == 1
+    assert reshape.input(1).const is None or list(reshape.input(1).const) != [0, 0, 12]

@@ -18,7 +18,11 @@ Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's resha
 neither way gets -1 (the element count fixes it). Exact. A dim of x counts as read off x also when it was read
 off a value x's dim was carried from unchanged (``view(h.size(0), h.size(1), 4, 16)`` of ``h @ Wq``: back
 through MatMul by a matrix, elementwise ops that do not broadcast it, Transpose, Unsqueeze / Squeeze), so a
-dynamic export whose inference lost the dims' names (``unk__N``) splits its heads by a constant shape too. An Expand's target dims that are the input's own
+dynamic export whose inference lost the dims' names (``unk__N``) splits its heads by a constant shape too. A
+dim the shape computes rather than reads (the dynamo exporter's sequence ``((samples//20)) - 1``, arithmetic on
+the input's size) is copied too when the Reshape's input and output carry one name of the model's there; a
+Reshape with allowzero 1 (the dynamo exporter's) gets the copies and allowzero 0 when its shape has no 0 of
+its own. An Expand's target dims that are the input's own
 dims (aligned from the right) become 1, which broadcasts to the input's dim: the target is then constant, and an
 attention mask expanded to ``(batch, 1, sequence, sequence)`` keeps those names instead of four made-up ones
 (and so does every attention it feeds). Exact. A dim read
@@ -248,12 +252,23 @@ def _constant(value: Value | None) -> Partial | None:
     return Partial(tuple(int(x) for x in np.reshape(data, -1)), scalar=data.ndim == 0, dtype=value.dtype)
 
 
+def _opaque(value: Value | None) -> Partial | None:
+    """An integer scalar or short vector of static length that nothing here computes: every element unknown
+    (a Concat of it and of dims read by Shape still knows those)."""
+    if value is None or value.dtype not in INTEGER_TYPES or not value.is_static or len(value.shape) > 1:
+        return None
+    size = value.shape[0] if value.shape else 1
+    if size > MAX_TRACKED:
+        return None
+    return Partial((None,) * size, scalar=not value.shape, dtype=value.dtype)
+
+
 def track(graph: Graph, opset: int) -> dict[Value, Partial]:
     """The partially known integer vectors of ``graph``, in graph order."""
     known: dict[Value, Partial] = {}
 
     def get(value: Value | None) -> Partial | None:
-        return known.get(value) if value in known else _constant(value)
+        return known.get(value) if value in known else _constant(value) or _opaque(value)
 
     for node in graph:
         tracker = TRACKERS.get(node.op_type)
@@ -311,6 +326,8 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 if shape is not None:
                     old = node.input(1)
                     node.set_input(1, graph.add_initializer(f"{node.name}_shape", shape))
+                    if op_type == "Reshape" and node.attr("allowzero", 0):
+                        node.remove_attr("allowzero")  # its 0s copy dims now; it has no other 0 (checked)
                     refined = refined or not node.output(0).is_static
                     names = graph.remove_unused([old.producer]) if old.producer is not None else []
                     result.rewrote({"rule": rule, "from": names, "to": [node.name]})
@@ -322,14 +339,21 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
 def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | None:
     """The constant shape of ``reshape`` with 0 for each dim it copies from its own input, or None."""
     data, partial = reshape.input(0), known.get(reshape.input(1))
-    if partial is None or partial.complete or partial.scalar or reshape.attr("allowzero", 0) != 0:
+    if partial is None or partial.complete or partial.scalar:
         return None
+    # allowzero 1 (the dynamo exporter's) reads a 0 as an empty dim: the copies below are 0s of allowzero 0,
+    # which ``eliminate_shape_op`` sets, so a shape that asks for an empty dim itself stays
+    if reshape.attr("allowzero", 0) != 0 and 0 in [item for item in partial.items if isinstance(item, int)]:
+        return None
+    out = reshape.outputs[0].shape
     items: list[int | None] = []
     for position, item in enumerate(partial.items):
         if isinstance(item, DimOf) and _same_dim(item, data, position):
             items.append(0)
         elif isinstance(item, int):
             items.append(item)
+        elif _named_alike(out, data.shape, position):  # a dim computed, not read: its name says it is the input's
+            items.append(0)
         else:
             items.append(None)
     # one dim known neither offline nor as a dim of the input: the element count fixes it, as -1 (a dynamic
@@ -338,6 +362,16 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     if items.count(None) == 1 and all(i is None or i >= 0 for i in items):
         items[items.index(None)] = -1
     return np.array(items, dtype=np.int64) if None not in items else None
+
+
+def _named_alike(ours: tuple | None, theirs: tuple | None, position: int) -> bool:
+    """Both shapes have at ``position`` one symbolic name of the model's (not ``unk__N``): the dims are equal
+    (the dynamo exporter's ``((samples//20)) - 1`` of a Reshape's input and output, the sequence it computed
+    from the input's size)."""
+    if ours is None or theirs is None or position >= len(ours) or position >= len(theirs):
+        return False
+    name = ours[position]
+    return isinstance(name, str) and bool(name) and not name.startswith("unk__") and name == theirs[position]
 
 
 def _broadcasting_shape(expand: Node, known: dict[Value, Partial]) -> np.ndarray | None:
