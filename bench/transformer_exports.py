@@ -20,8 +20,8 @@ cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--third | --fourth | --fifth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
-(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``; ``--fifth``: ``fifth_models``). Prints one line per export:
+[--third | --fourth | --fifth | --sixth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
+(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``; ``--fifth``: ``fifth_models``; ``--sixth``: ``sixth_models``). Prints one line per export:
 its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
 if any failed).
 """
@@ -501,9 +501,35 @@ def fifth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     }
 
 
+def sixth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """The sixth sweep's batch (2026-12-02): what users serve, exported as they serve it, with a dynamic batch
+    and sequence (text), batch (images) or batch and samples (raw audio): the encoders (BERT-family, MPNet's
+    relative buckets, XLM-RoBERTa, T5's and BART's encoders), decoders with and without a cache (GPT-2 with its
+    past, Mistral, Gemma, OPT, BLOOM's ALiBi, Falcon), the Whisper encoder, image encoders (ViT, DeiT's
+    distillation token, Swin, ConvNeXt, SegFormer, CLIP) and the convolutional audio front-ends (wav2vec2,
+    HuBERT). The static forms of most are in ``models``; what is new is the dims left open."""
+    bert_like, llama_like, vit_like = _families(size)
+    static = models(size)
+    dynamic = {f"{name}_dynamic": Export(static[name].config, static[name].model, static[name].settings,
+                                         inputs=static[name].inputs, dynamic=True, past=static[name].past,
+                                         image_size=static[name].image_size)
+               for name in ("distilbert", "roberta", "albert", "electra", "deberta_v2", "mobilebert", "t5_encoder",
+                            "bart_encoder", "clip_text", "gpt2", "gpt2_past", "mistral", "gemma", "opt", "bloom",
+                            "falcon", "whisper_encoder", "vit", "swin", "convnext", "segformer", "clip_vision",
+                            "wav2vec2", "hubert")}
+    return {
+        **dynamic,
+        "mpnet_dynamic": Export("MPNetConfig", "MPNetModel", {**bert_like, "relative_attention_num_buckets": 32,
+                                                               "pad_token_id": 1}, dynamic=True),
+        "xlm_roberta_dynamic": Export("XLMRobertaConfig", "XLMRobertaModel", {**bert_like, "pad_token_id": 1},
+                                      dynamic=True),
+        "deit_dynamic": Export("DeiTConfig", "DeiTModel", vit_like, inputs="image", dynamic=True),
+    }
+
+
 def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
     return {**models(size), **dynamic_models(size), **third_models(size), **fourth_models(size),
-            **fifth_models(size)}
+            **fifth_models(size), **sixth_models(size)}
 
 
 MODELS = every_model()
@@ -531,11 +557,12 @@ def build(name: str, size: Size = SIZES["bench"]):
     if spec.inputs == "encoder" or spec.inputs == "audio":
         model = model.get_encoder()
     generator = torch.Generator().manual_seed(0)
+    batch = DYNAMIC_BATCH if spec.dynamic else 1
     if spec.inputs == "image":
         side = spec.image_size
-        return model, {"pixel_values": torch.rand(1, 3, side, side, generator=generator)}
+        return model, {"pixel_values": torch.rand(batch, 3, side, side, generator=generator)}
     if spec.inputs == "waveform":
-        return model, {"input_values": torch.randn(1, 640, generator=generator)}
+        return model, {"input_values": torch.randn(batch, 640, generator=generator)}
     if spec.inputs == "video":
         side = spec.image_size
         return model, {"pixel_values": torch.rand(1, config.num_frames, 3, side, side, generator=generator)}
@@ -552,8 +579,7 @@ def build(name: str, size: Size = SIZES["bench"]):
                        "decoder_input_ids": torch.randint(3, size.vocab, (1, SEQUENCE // 2), generator=generator)}
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
-        return model, {"input_features": torch.rand(1, config.num_mel_bins, frames, generator=generator)}
-    batch = DYNAMIC_BATCH if spec.dynamic else 1
+        return model, {"input_features": torch.rand(batch, config.num_mel_bins, frames, generator=generator)}
     ids = torch.randint(3, size.vocab, (batch, SEQUENCE), generator=generator)
     mask = torch.ones(batch, SEQUENCE + spec.past, dtype=torch.int64)
     inputs = {"input_ids": ids} if spec.inputs == "causal" else {"input_ids": ids, "attention_mask": mask}
@@ -565,7 +591,7 @@ def build(name: str, size: Size = SIZES["bench"]):
     kv_heads = getattr(config, "num_key_value_heads", None) or size.heads
     for layer in range(size.layers if spec.past else 0):
         for which in ("key", "value"):
-            inputs[f"past_{which}_{layer}"] = torch.randn(1, kv_heads, spec.past, size.hidden // size.heads,
+            inputs[f"past_{which}_{layer}"] = torch.randn(batch, kv_heads, spec.past, size.hidden // size.heads,
                                                           generator=generator)
     return model, inputs
 
@@ -595,6 +621,27 @@ def _wrapped(model, names: list[str], output: str = "last_hidden_state"):
     return Wrapped()
 
 
+def _dynamic_axes(spec: Export, names: list[str]) -> dict | None:
+    """A dynamic export's open dims per input and output name: batch and sequence for text (the cache's
+    positions and the mask's, sequence + past, named apart), batch alone for images and mel features, batch
+    and samples for raw audio."""
+    if not spec.dynamic:
+        return None
+    if spec.inputs in ("image", "audio"):
+        axes = {key: {0: "batch"} for key in names}
+        return {**axes, "last_hidden_state": {0: "batch"}}
+    if spec.inputs == "waveform":
+        return {**{key: {0: "batch", 1: "samples"} for key in names}, "last_hidden_state": {0: "batch", 1: "frames"}}
+    axes = {key: {0: "batch", 1: "sequence"} for key in names}
+    if spec.past:
+        axes["attention_mask"] = {0: "batch", 1: "positions"}
+        for key in names:
+            if key.startswith("past_"):
+                axes[key] = {0: "batch", 2: "past"}
+                axes[key.replace("past_", "present_")] = {0: "batch", 2: "positions"}
+    return {**axes, "last_hidden_state": {0: "batch", 1: "sequence"}}
+
+
 def output_names(names: list[str]) -> list[str]:
     return ["last_hidden_state", *(n.replace("past_", "present_") for n in names
                                    if n.startswith(("past_key_", "past_value_")))]
@@ -607,15 +654,16 @@ def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) ->
     wrapped = _wrapped(model, list(inputs), every_model(size)[name].output)
     args = tuple(inputs.values())
     path.parent.mkdir(parents=True, exist_ok=True)
-    axes = {key: {0: "batch", 1: "sequence"} for key in inputs} if every_model(size)[name].dynamic else None
-    if axes:
-        axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
+    axes = _dynamic_axes(every_model(size)[name], list(inputs))
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            # torch.export wants dims, given per argument (the wrapper's one *args parameter).
-            dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=64)}
-            shapes = (tuple(dims for _ in inputs),) if axes else None
+            # torch.export wants dims, given per argument (the wrapper's one *args parameter); a dim it relates
+            # to others (the mask's positions = sequence + past) is left for it to work out (Dim.AUTO)
+            named = {"batch": torch.export.Dim("batch", max=64), "sequence": torch.export.Dim("sequence", max=64),
+                     "samples": torch.export.Dim("samples", min=400, max=16000)}
+            shapes = (tuple({i: named.get(axis, torch.export.Dim.AUTO) for i, axis in axes[key].items()}
+                            for key in inputs),) if axes else None
             program = torch.onnx.export(wrapped, args, dynamo=True, input_names=list(inputs),
                                         output_names=output_names(list(inputs)), external_data=False,
                                         dynamic_shapes=shapes)
@@ -639,6 +687,7 @@ def main(argv=None) -> int:
     parser.add_argument("--third", action="store_true", help="only the third sweep's batch (third_models)")
     parser.add_argument("--fourth", action="store_true", help="only the fourth sweep's batch (fourth_models)")
     parser.add_argument("--fifth", action="store_true", help="only the fifth sweep's batch (fifth_models)")
+    parser.add_argument("--sixth", action="store_true", help="only the sixth sweep's batch (sixth_models)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--size", choices=list(SIZES), default="bench",
                         help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
@@ -650,7 +699,7 @@ def main(argv=None) -> int:
         return 0
     failed = False
     batch = (third_models() if args.third else fourth_models() if args.fourth else fifth_models() if args.fifth
-             else MODELS)
+             else sixth_models() if args.sixth else MODELS)
     for name in args.only or batch:
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"

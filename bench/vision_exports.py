@@ -20,7 +20,7 @@ Two steps, in two environments:
   ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
   inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
   ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored; ``--third``: the third
-  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``; ``--fifth``: ``FIFTH``); an existing
+  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``; ``--fifth``: ``FIFTH``; ``--sixth``: ``SIXTH``); an existing
   file is kept
   unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
   failing (the run goes on; exit status 1 if any failed).
@@ -40,9 +40,9 @@ Two steps, in two environments:
   nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
 
 Usage:
-    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth | --fifth]
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth | --fifth | --sixth]
         [--exporter dynamo|torchscript|functions] [--out DIR] [--force] [--list]
-    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth | --fifth] [--exporter ...] [--config NAME ...]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth | --fifth | --sixth] [--exporter ...] [--config NAME ...]
         [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
     .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
@@ -86,8 +86,9 @@ class Arch:
     #: image batch as a list, the first image's boxes, scores and labels returned; "keypoints" as "detect" with
     #: the keypoints too; "reparam" timm's reparameterize_model (train-time branches merged, as deployed)
     wrap: str = ""
-    #: exported with a dynamic batch and image size (dynamic_axes / dynamic_shapes), traced at batch 2
-    dynamic: bool = False
+    #: exported with a dynamic batch and image size (dynamic_axes / dynamic_shapes), traced at batch 2 (a
+    #: ViT's batch alone, unless "hw": batch, height and width for every model)
+    dynamic: bool | str = False
 
 
 def _tv(builder, shape=(1, 3, 64, 64), wrap="", dynamic=False, **kwargs):
@@ -275,6 +276,46 @@ FIFTH: dict[str, Arch] = {
 MODELS.update(FIFTH)
 
 
+#: the sixth batch (2026-12-02): what users export most and what none of the first five had: the timm and
+#: torchvision defaults at a dynamic batch and image size (drop path kept in, as a training checkpoint is),
+#: normalization-free nets (scaled weight standardization, no BatchNorm), global response normalization,
+#: cross-stage partial darknets, a ViT whose position embedding is resampled at run time (dynamic_img_size),
+#: distillation tokens, attention-pooled heads, single-head and vision-transformer hybrids; `--sixth`
+SIXTH: dict[str, Arch] = {
+    "timm_convnextv2_atto": _timm("convnextv2_atto"),  # global response normalization (GRN)
+    "timm_efficientnet_b0_drop_path_dynamic": _timm("efficientnet_b0", (2, 3, 64, 64), dynamic=True,
+                                                    drop_path_rate=0.2),  # stochastic depth, identity in eval
+    "timm_regnety_002_dynamic": _timm("regnety_002", (2, 3, 64, 64), dynamic=True),  # SE, batch/H/W dynamic
+    "timm_nf_regnet_b0": _timm("nf_regnet_b0"),  # normalization-free: scaled weight standardization, no BN
+    "timm_dm_nfnet_f0": _timm("dm_nfnet_f0"),  # NFNet: ScaledStdConv2dSame, GELU gain, skip gain
+    "timm_nf_resnet26": _timm("nf_resnet26"),  # NF-ResNet
+    "timm_cs3darknet_s": _timm("cs3darknet_s"),  # cross-stage partial darknet (YOLO backbones)
+    "timm_vit_small_dynimg": _timm("vit_small_patch16_224", (2, 3, 64, 64), dynamic="hw", img_size=64,
+                                   dynamic_img_size=True, depth=4),  # position embedding resampled at run time
+    "timm_deit_tiny_distilled": _timm("deit_tiny_distilled_patch16_224", img_size=64),  # class + distill tokens
+    "timm_vit_pe_core_tiny": _timm("vit_pe_core_tiny_patch16_384", img_size=64),  # EVA-style rotary, attn pool
+    "timm_vit_base_siglip": _timm("vit_base_patch16_siglip_224", img_size=64, depth=2),  # MAP attention-pool head
+    "timm_rdnet_tiny": _timm("rdnet_tiny"),  # revived DenseNet: concat-growth blocks, LayerNorm, transitions
+    "timm_vitamin_small": _timm("vitamin_small_224", (1, 3, 224, 224)),  # MBConv stages, then ViT stage
+    "timm_hgnet_tiny": _timm("hgnet_tiny"),  # PP-HGNet (v1): ESE, concat aggregation
+    "timm_efficientvit_l1": _timm("efficientvit_l1"),  # MIT EfficientViT-L: GELU, ReLU linear attention
+    "timm_shvit_s1": _timm("shvit_s1", (1, 3, 224, 224)),  # single-head attention on a channel part
+    "timm_seresnext26d_32x4d": _timm("seresnext26d_32x4d"),  # grouped convs, SE, deep stem, avg-pool down
+    "timm_rexnetr_100": _timm("rexnetr_100"),  # ReXNet with rounded channels, SiLU / ReLU6, partial residual
+    "timm_mobilenetv4_conv_small_dynamic": _timm("mobilenetv4_conv_small", (2, 3, 64, 64), dynamic=True),
+    "timm_darknet53": _timm("darknet53"),  # plain darknet residuals, LeakyReLU
+    "tv_regnet_y_800mf": _tv("regnet_y_800mf"),
+    "tv_efficientnet_b3": _tv("efficientnet_b3"),
+    "tv_resnet50_dynamic": _tv("resnet50", (2, 3, 64, 64), dynamic=True),  # the most exported model
+    "tv_vit_b_32_dynamic": _tv("vit_b_32", (2, 3, 64, 64), dynamic=True, image_size=64),
+    "tv_swin_v2_s": _tv("swin_v2_s"),
+    "tv_mobilenet_v3_large_dynamic": _tv("mobilenet_v3_large", (2, 3, 64, 64), dynamic=True),
+    "tv_fcn_resnet50_dynamic": _tv("segmentation.fcn_resnet50", (2, 3, 64, 64), wrap="out", dynamic=True,
+                                   weights_backbone=None, aux_loss=False),  # output resized to the input H/W
+}
+MODELS.update(SIXTH)
+
+
 # --- export (torch environment) -------------------------------------------------------------------------
 def build(name: str):
     """The model in eval mode, random weights, BatchNorm statistics off their defaults, and its input."""
@@ -347,7 +388,7 @@ def export(name: str, exporter: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # a dynamic export: batch (and for a CNN height and width) left open, as served models are
     dynamic = MODELS[name].dynamic
-    axes = {0: "batch"} if "vit" in name else {0: "batch", 2: "height", 3: "width"}
+    axes = {0: "batch"} if "vit" in name and dynamic != "hw" else {0: "batch", 2: "height", 3: "width"}
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
@@ -560,6 +601,7 @@ def main(argv=None) -> int:
     parser.add_argument("--third", action="store_true", help="only the third batch (THIRD)")
     parser.add_argument("--fourth", action="store_true", help="only the fourth batch (FOURTH)")
     parser.add_argument("--fifth", action="store_true", help="only the fifth batch (FIFTH)")
+    parser.add_argument("--sixth", action="store_true", help="only the sixth batch (SIXTH)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS + EXTRA_EXPORTERS,
                         help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
@@ -577,7 +619,8 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
         return 0
-    batch = THIRD if args.third else FOURTH if args.fourth else FIFTH if args.fifth else MODELS
+    batch = (THIRD if args.third else FOURTH if args.fourth else FIFTH if args.fifth
+             else SIXTH if args.sixth else MODELS)
     names, exporters = args.only or list(batch), args.exporter or list(EXPORTERS)
     if args.step == "export":
         return export_all(names, exporters, args.out, args.force)

@@ -180,3 +180,35 @@ def test_a_sequence_input_is_not_verified_and_the_report_says_why(tmp_path):
     verification = run(tmp_path, tmp_path / "seq.onnx", allow_unverified=True)["verification"]
     assert verification["passed"] is None
     assert verification["skipped"] == "verification cannot generate input 's' of type seq(tensor(float))"
+
+
+#: A decoder step with its KV cache as inputs: the keys are the cache and the new ones joined, and the mask
+#: must cover them all (its length is past + sequence); a separate dim name on every input, as the dynamo
+#: exporter writes them.
+CACHED = '''
+    g (float[batch, seq, 4] x, int64[batch, total] attention_mask, float[batch, 1, past, 4] past_key_0)
+      => (float[batch, 1, seq, 4] y) <int64[4] s = {0, 1, -1, 4}> {
+        q = Reshape (x, s)
+        k = Concat <axis = 2> (past_key_0, q)
+        kt = Transpose <perm = [0, 1, 3, 2]> (k)
+        scores = MatMul (q, kt)
+        m = Cast <to = 1> (attention_mask)
+        mu = Unsqueeze (m, a)
+        masked = Mul (scores, mu)
+        w = Softmax <axis = -1> (masked)
+        y = MatMul (w, k)
+    }'''.replace("<int64[4] s", "<int64[2] a = {1, 2}, int64[4] s")
+
+
+def test_a_kv_cache_and_its_mask_take_related_lengths(tmp_path):
+    specs = [InputSpec("x", "float", ("batch", "seq", 4)), InputSpec("attention_mask", "int64", ("batch", "total")),
+             InputSpec("past_key_0", "float", ("batch", 1, "past", 4))]
+    dims = sample.open_dims(specs)
+    assert {d.key: d.role for d in dims} == {"batch": "batch", "seq": "sequence", "total": "total", "past": "past"}
+    for level in range(sample.LEVELS):
+        values = sample.assignment(dims, level)
+        assert values["total"] == values["past"] + values["seq"]
+    report = run(tmp_path, model(tmp_path, CACHED))
+    assert report["verification"]["passed"] is True
+    first = report["verification"]["shapes"][0]
+    assert first["attention_mask"][1] == first["past_key_0"][2] + first["x"][1]

@@ -10,7 +10,9 @@ integer ids or of a rank-3 float tensor is a sequence; axis 1 of a rank-2 float 
 until the model runs: batch 1 (and a second run at 2), sequences 16, 32, 64 (small multiples of 8),
 spatial sizes 224, 320, 640 (multiples of 32: stride-friendly), unknown channels 3, audio 512, 1024 and 16000
 samples (a voice-activity window at 16 kHz, a frame size, a second: an STFT's reflect padding and a
-convolutional feature encoder need hundreds), anything else 1, 8, 16.
+convolutional feature encoder need hundreds), anything else 1, 8, 16. A decoder's KV cache inputs
+(``past_key_<i>``: (batch, heads, past, size)) have past 8, 16, 32 and their attention mask past + the new
+positions (``_cache_roles``): the dims a model relates, which equal values per role could never satisfy.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ ROLE_VALUES: dict[str, tuple[int, ...]] = {
     "channels": (3, 3, 3),
     "samples": (512, 1024, 16000),
     "other": (1, 8, 16),
+    # a decoder's cached positions, and its attention mask's length (computed: cached + new positions)
+    "past": (8, 16, 32),
+    "total": (0, 0, 0),
 }
 LEVELS = 3
 #: The batch of the second verification run.
@@ -124,14 +129,40 @@ def open_dims(specs: Sequence[InputSpec], given: Mapping[str, Sequence[int]] = {
                     role = "batch"  # [samples, features]: a batch of samples, not audio
                 found[key] = Dim(key, role)
             found[key].where.append((spec.name, axis))
+    _cache_roles(list(found.values()), {spec.name: spec for spec in specs})
     return list(found.values())
+
+
+def _cache_roles(dims: list[Dim], specs: Mapping[str, InputSpec]) -> None:
+    """A decoder exported with its KV cache as inputs runs only where its attention mask covers the cached
+    positions and the new ones: a dim found only at axis 2 of rank-4 inputs named past / cache (``past_key_0``
+    (batch, heads, past, size)) is ``past``, and then a dim found only last of a rank-2 input named mask is
+    ``total``, whose value is the past's plus the new tokens' (``assignment``)."""
+    def only_at(dim: Dim, accept) -> bool:
+        return all(accept(name.lower(), axis, len(specs[name].dims or ())) for name, axis in dim.where)
+
+    past = [d for d in dims if only_at(d, lambda name, axis, rank: rank == 4 and axis == 2 and
+                                       ("past" in name or "cache" in name))]
+    if not past:
+        return
+    for dim in past:
+        dim.role = "past"
+    for dim in dims:
+        if only_at(dim, lambda name, axis, rank: rank == 2 and axis == 1 and "mask" in name):
+            dim.role = "total"
 
 
 def assignment(dims: Iterable[Dim], level: int, batch: int | None = None) -> dict[str, int]:
     """The value of every open dim at ``level`` (batch dims at ``batch`` when given)."""
+    dims = list(dims)
     values = {}
+    at = min(level, LEVELS - 1)
+    # the new positions beside a cache: the sequence's value when one is open, else one token (a decode step)
+    new = ROLE_VALUES["sequence"][at] if any(d.role == "sequence" for d in dims) else 1
     for dim in dims:
-        value = ROLE_VALUES[dim.role][min(level, LEVELS - 1)]
+        value = ROLE_VALUES[dim.role][at]
+        if dim.role == "total":
+            value = ROLE_VALUES["past"][at] + new
         values[dim.key] = batch if batch is not None and dim.role == "batch" else value
     return values
 

@@ -241,3 +241,128 @@ def test_a_folded_condition_read_as_an_expand_target_leaves_the_types_to_be_infe
     assert outcome.model.graph.outputs[0].shape == ("n", 5, 8)
     for n in (1, 3):
         compare(outcome.before, outcome.after, feeds={"x": np.ones((n, 4, 8), np.float32)})
+
+
+def projected_heads_model(carry: str = "MatMul"):
+    """A dynamic TorchScript export's head split: h = x + y (two inputs whose dims have different names, so
+    inference names h's dims ``unk__N``), q = h @ W (or another op between h and the Reshape), and
+    Reshape(q, Concat(Shape(h)[0], Shape(h)[1], 2, 4)), the view(h.size(0), h.size(1), heads, size) of BERT's
+    attention."""
+    nodes = [helper.make_node("Add", ["x", "y"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["s", "one"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]), helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
+             helper.make_node("Concat", ["n1", "t1", "heads"], ["target"], axis=0)]
+    if carry == "MatMul":
+        nodes.append(helper.make_node("MatMul", ["h", "w"], ["q"]))
+    elif carry == "Transpose":  # (b, s, 8) -> (s, b, 8): the batch is no longer at position 0
+        nodes.append(helper.make_node("Transpose", ["h"], ["q"], perm=[1, 0, 2]))
+    else:  # broadcasting against a value whose leading dims are not 1
+        nodes.append(helper.make_node("Add", ["h", "x"], ["q"]))
+    nodes += [helper.make_node("Reshape", ["q", "target"], ["r"]),
+              helper.make_node("Transpose", ["r"], ["out"], perm=[0, 2, 1, 3])]
+    return make_model(nodes, [vinfo("x", shape=["b", "s", 8]), vinfo("y", shape=["b2", "s2", 8])],
+                      [vinfo("out", shape=[None, None, None, None])],
+                      [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                       tensor("zero1", np.array([0], np.int64)), tensor("heads", np.array([2, 4], np.int64)),
+                       tensor("w", np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))])
+
+
+def test_a_dim_carried_through_a_projection_is_copied_even_unnamed(tmp_path):
+    """Shape(h)[0:2] read for a Reshape of h @ W: the dims are h's whatever inference called them, so the shape is
+    the constant [0, 0, 2, 4] and the heads come out typed (what attention fusion needs)."""
+    outcome = run(projected_heads_model(), STEP, tmp_path)
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    np.testing.assert_array_equal(reshape.input(1).const, [0, 0, 2, 4])
+    assert reshape.output(0).shape[2:] == (2, 4)
+    assert "Shape" not in outcome.ops
+    for b, s in ((1, 3), (2, 5)):
+        rng = np.random.default_rng(b)
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32),
+                 "y": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+@pytest.mark.parametrize("carry", ["Transpose", "Add"])
+def test_a_dim_not_carried_to_its_position_is_not_copied(tmp_path, carry):
+    """A Transpose moves h's batch elsewhere, an Add with a full-size operand need not keep it: neither dim
+    is the Reshape input's own, so no 0 (and with two such dims, no -1 either): the computation stays."""
+    outcome = run(projected_heads_model(carry), STEP, tmp_path)
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    assert reshape.input(1).const is None or 0 not in list(reshape.input(1).const)
+
+
+def test_the_heads_joined_after_attention_get_a_constant_shape(tmp_path):
+    """The join back of BERT's heads, view(h.size(0), h.size(1), -1) of Transpose(Attention(q, k, v)) where
+    q = Transpose(Reshape(h @ W, [0, 0, 2, 4])): the batch and sequence were carried from h through the
+    projection, the copying Reshape, both Transposes and the attention (its output has q's dims but the last),
+    so the join becomes Reshape([0, 0, -1])."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Add", ["x", "y"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["s", "one"], ["t"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]), helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
+             helper.make_node("Concat", ["n1", "t1", "minus"], ["target"], axis=0)]
+    for w in "qkv":
+        nodes += [helper.make_node("MatMul", ["h", f"w{w}"], [f"{w}3"]),
+                  helper.make_node("Reshape", [f"{w}3", "split"], [f"{w}4"]),
+                  helper.make_node("Transpose", [f"{w}4"], [w], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Attention", ["q", "k", "v"], ["a"]),
+              helper.make_node("Transpose", ["a"], ["a4"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["a4", "target"], ["out"])]
+    weights = [tensor(f"w{w}", rng.standard_normal((8, 8)).astype(np.float32)) for w in "qkv"]
+    model = make_model(nodes, [vinfo("x", shape=["b", "s", 8]), vinfo("y", shape=["b2", "s2", 8])],
+                       [vinfo("out", shape=[None, None, None])],
+                       [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
+                        tensor("zero1", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
+                        tensor("split", np.array([0, 0, 2, 4], np.int64)), *weights], opset=23)
+    outcome = run(model, STEP, tmp_path)
+    join = outcome.model.graph.nodes_of_type("Reshape")[-1]
+    np.testing.assert_array_equal(join.input(1).const, [0, 0, -1])
+    assert "Shape" not in outcome.ops
+    for b, s in ((1, 3), (2, 5)):
+        feeds = {"x": rng.standard_normal((b, s, 8)).astype(np.float32),
+                 "y": rng.standard_normal((b, s, 8)).astype(np.float32)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_a_computed_dim_named_as_the_inputs_is_copied_under_allowzero(tmp_path):
+    """The dynamo exporter's view(batch, seq, -1, 16) with allowzero 1, where seq is arithmetic on the input's
+    size ((samples // 20) - 1: no Shape of the value reshaped) and the exporter named the Reshape's input and
+    output dims alike: the shape becomes [0, 0, -1, 4] with allowzero 0 (still right for every size)."""
+    nodes = [helper.make_node("Shape", ["audio"], ["sa"]), helper.make_node("Gather", ["sa", "one"], ["samples"], axis=0),
+             helper.make_node("Div", ["samples", "twenty"], ["d"]), helper.make_node("Sub", ["d", "one"], ["seq"]),
+             helper.make_node("Reshape", ["seq", "one1"], ["seq1"]),  # as dynamo writes it: not tracked
+             helper.make_node("Shape", ["h"], ["b1"], start=0, end=1),
+             helper.make_node("Concat", ["b1", "seq1", "minus", "four"], ["target"], axis=0),
+             helper.make_node("Reshape", ["h", "target"], ["y"], allowzero=1)]
+    named = "((samples//20)) - 1"
+    model = make_model(nodes, [vinfo("audio", shape=["batch", "samples"]), vinfo("h", shape=["batch", named, 8])],
+                       [vinfo("y", shape=["batch", named, 2, 4])],
+                       [tensor("one", np.array(1, np.int64)), tensor("twenty", np.array(20, np.int64)),
+                        tensor("zero1", np.array([0], np.int64)), tensor("minus", np.array([-1], np.int64)),
+                        tensor("four", np.array([4], np.int64)), tensor("one1", np.array([1], np.int64))], opset=18)
+    outcome = run(model, STEP, tmp_path, check=False)  # at 1 sample the input model itself asks for -1 twice
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    np.testing.assert_array_equal(reshape.input(1).const, [0, 0, -1, 4])
+    assert not reshape.attr("allowzero", 0)
+    assert outcome.ops == ["Reshape"]
+    for b, samples in ((1, 100), (2, 200)):
+        seq = samples // 20 - 1
+        feeds = {"audio": np.zeros((b, samples), np.float32),
+                 "h": np.arange(b * seq * 8, dtype=np.float32).reshape(b, seq, 8)}
+        compare(outcome.before, outcome.after, feeds=feeds)
+
+
+def test_an_allowzero_shape_asking_for_an_empty_dim_keeps_its_computation(tmp_path):
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+             helper.make_node("Concat", ["n1", "zero1", "twelve"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"], allowzero=1)]
+    model = make_model(nodes, [vinfo("x", shape=["n", 0, 12])], [vinfo("y", shape=["n", 0, 12])],
+                       [tensor("zero", np.array(0, np.int64)), tensor("zero1", np.array([0], np.int64)),
+                        tensor("twelve", np.array([12], np.int64))], opset=18)
+    outcome = run(model, STEP, tmp_path, check=False)
+    reshape = outcome.model.graph.nodes_of_type("Reshape")[0]
+    assert reshape.attr("allowzero", 0) == 1
+    assert reshape.input(1).const is None or list(reshape.input(1).const) != [0, 0, 12]

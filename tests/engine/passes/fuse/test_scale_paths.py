@@ -51,3 +51,38 @@ def test_scale_whose_path_is_shared_is_refused(tmp_path):
     out = optimize(tmp_path, inferred_model(nodes, [vinfo("x", shape=[2, 8])], ["y", "r"], inits), [PASS])
     assert out.ops == ["MatMul", "Relu", "Mul"]
     assert out.refused("no Conv, Gemm or MatMul with constant weights is reachable backward from Mul 'scale'")
+
+
+def _every_value(path, names, feeds):
+    """The values ``names`` take in the model at ``path`` on ``feeds`` (each made a graph output)."""
+    import onnx
+    import onnxruntime
+
+    proto = onnx.load(str(path))
+    proto.graph.output.extend(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def test_the_values_a_travelling_scale_changes_lose_their_names(tmp_path):
+    """NFNet's gated residual, Mul(Mul(Conv(x) * Sigmoid(z), 2.0), gain): the scalars go back into the
+    Conv, so the Conv's output and the gated product hold other values than before. A name both graphs keep
+    must mean the same value in both (verification by regions pairs values by name)."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Sigmoid", ["z"], ["g"]),
+             helper.make_node("Mul", ["c", "g"], ["m"]), helper.make_node("Mul", ["m", "two"], ["m2"]),
+             helper.make_node("Mul", ["m2", "gain"], ["y"])]
+    inits = [tensor("w", floats(4, 3, 1, 1)), tensor("b", floats(4, seed=2)), tensor("two", np.float32(2.0)),
+             tensor("gain", np.float32(0.3))]
+    model = inferred_model(nodes, [vinfo("x", shape=[1, 3, 5, 5]), vinfo("z", shape=[1, 4, 5, 5])], ["y"], inits)
+    out = optimize(tmp_path, model, [PASS])
+    assert out.ops == ["Conv", "Sigmoid", "Mul"]
+    after = [v.name for node in out.model.graph for v in node.outputs]
+    shared = sorted(set(after) & {"c", "g", "m", "m2", "y"})
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 3, 5, 5)).astype(np.float32),
+             "z": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
+    before_values = _every_value(tmp_path / "before.onnx", shared, feeds)
+    after_values = _every_value(out.path, shared, feeds)
+    assert "y" in shared
+    for name in shared:
+        np.testing.assert_allclose(after_values[name], before_values[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -15,7 +15,14 @@ takes the chain from there.
 An unknown element read by Shape remembers where it came from (``DimOf``: dim i of value x). A Reshape of x
 whose shape is known but for dims of x at their own positions gets a constant shape with 0 there, which
 Reshape (allowzero 0) reads as "copy this dim of the input" (onnxruntime's reshape fusion), and one dim known
-neither way gets -1 (the element count fixes it). Exact. An Expand's target dims that are the input's own
+neither way gets -1 (the element count fixes it). Exact. A dim of x counts as read off x also when it was read
+off a value x's dim was carried from unchanged (``view(h.size(0), h.size(1), 4, 16)`` of ``h @ Wq``: back
+through MatMul by a matrix, elementwise ops that do not broadcast it, Transpose, Unsqueeze / Squeeze), so a
+dynamic export whose inference lost the dims' names (``unk__N``) splits its heads by a constant shape too. A
+dim the shape computes rather than reads (the dynamo exporter's sequence ``((samples//20)) - 1``, arithmetic on
+the input's size) is copied too when the Reshape's input and output carry one name of the model's there; a
+Reshape with allowzero 1 (the dynamo exporter's) gets the copies and allowzero 0 when its shape has no 0 of
+its own. An Expand's target dims that are the input's own
 dims (aligned from the right) become 1, which broadcasts to the input's dim: the target is then constant, and an
 attention mask expanded to ``(batch, 1, sequence, sequence)`` keeps those names instead of four made-up ones
 (and so does every attention it feeds). Exact. A dim read
@@ -248,12 +255,23 @@ def _constant(value: Value | None) -> Partial | None:
     return Partial(tuple(int(x) for x in np.reshape(data, -1)), scalar=data.ndim == 0, dtype=value.dtype)
 
 
+def _opaque(value: Value | None) -> Partial | None:
+    """An integer scalar or short vector of static length that nothing here computes: every element unknown
+    (a Concat of it and of dims read by Shape still knows those)."""
+    if value is None or value.dtype not in INTEGER_TYPES or not value.is_static or len(value.shape) > 1:
+        return None
+    size = value.shape[0] if value.shape else 1
+    if size > MAX_TRACKED:
+        return None
+    return Partial((None,) * size, scalar=not value.shape, dtype=value.dtype)
+
+
 def track(graph: Graph, opset: int) -> dict[Value, Partial]:
     """The partially known integer vectors of ``graph``, in graph order."""
     known: dict[Value, Partial] = {}
 
     def get(value: Value | None) -> Partial | None:
-        return known.get(value) if value in known else _constant(value)
+        return known.get(value) if value in known else _constant(value) or _opaque(value)
 
     for node in graph:
         tracker = TRACKERS.get(node.op_type)
@@ -312,8 +330,8 @@ def eliminate_shape_op(ctx: PassContext) -> PassResult:
                 if shape is not None:
                     old = node.input(1)
                     node.set_input(1, graph.add_initializer(f"{node.name}_shape", shape))
-                    if node.attr("allowzero", 0):  # its 0s copy now (_copying_shape)
-                        node.set_attr("allowzero", 0)
+                    if op_type == "Reshape" and node.attr("allowzero", 0):
+                        node.remove_attr("allowzero")  # its 0s copy dims now; it has no other 0 (checked)
                     refined = refined or not node.output(0).is_static
                     names = graph.remove_unused([old.producer]) if old.producer is not None else []
                     result.rewrote({"rule": rule, "from": names, "to": [node.name]})
@@ -352,15 +370,20 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     data, partial = reshape.input(0), known.get(reshape.input(1))
     if partial is None or partial.complete or partial.scalar:
         return None
+    # allowzero 1 (the dynamo exporter's) reads a 0 as an empty dim: the copies below are 0s of allowzero 0,
+    # which ``eliminate_shape_op`` sets, so a shape that asks for an empty dim itself stays
     allowzero = reshape.attr("allowzero", 0) != 0
-    if allowzero and any(isinstance(item, int) and item == 0 for item in partial.items):
+    if allowzero and 0 in [item for item in partial.items if isinstance(item, int)]:
         return None
+    out = reshape.outputs[0].shape
     items: list[int | None] = []
     for position, item in enumerate(partial.items):
         if isinstance(item, DimOf) and _same_dim(item, data, position):
             items.append(0)
         elif isinstance(item, int):
             items.append(item)
+        elif _named_alike(out, data.shape, position):  # a dim computed, not read: its name says it is the input's
+            items.append(0)
         else:
             items.append(None)
     # one dim known neither offline nor as a dim of the input: the element count fixes it, as -1 (a dynamic
@@ -369,6 +392,16 @@ def _copying_shape(reshape: Node, known: dict[Value, Partial]) -> np.ndarray | N
     if items.count(None) == 1 and all(i is None or i >= 0 for i in items) and not allowzero:
         items[items.index(None)] = -1
     return np.array(items, dtype=np.int64) if None not in items else None
+
+
+def _named_alike(ours: tuple | None, theirs: tuple | None, position: int) -> bool:
+    """Both shapes have at ``position`` one symbolic name of the model's (not ``unk__N``): the dims are equal
+    (the dynamo exporter's ``((samples//20)) - 1`` of a Reshape's input and output, the sequence it computed
+    from the input's size)."""
+    if ours is None or theirs is None or position >= len(ours) or position >= len(theirs):
+        return False
+    name = ours[position]
+    return isinstance(name, str) and bool(name) and not name.startswith("unk__") and name == theirs[position]
 
 
 def _broadcasting_shape(expand: Node, known: dict[Value, Partial]) -> np.ndarray | None:
@@ -394,13 +427,94 @@ SHAPE_READERS = {"Reshape": ("reshape_copy_dims", _copying_shape), "Expand": ("e
 
 
 def _same_dim(item: DimOf, data: Value, position: int) -> bool:
-    """``item`` is dim ``position`` of ``data``: read off ``data`` there, or off another value whose dim has the
-    same symbolic name (``view(x.size(0), x.size(1), -1, 48)`` of a projection of x: both dims are ``batch``,
-    ``sequence``); type inference passes a name of the model's on only where dims are equal."""
-    if item.value is data:
-        return item.index == position
+    """``item`` is dim ``position`` of ``data``: read off ``data`` there, off a value that dim was carried
+    from unchanged (``_carried_from``: ``view(x.size(0), x.size(1), 4, 16)`` of ``x @ W``, whatever inference
+    named the dims), or off another value whose dim has the same symbolic name (both dims ``batch``); type
+    inference passes a name of the model's on only where dims are equal."""
+    if _carried_from(item.value, item.index) == _carried_from(data, position):
+        return True
     theirs, ours = item.value.shape, data.shape
     if theirs is None or ours is None or item.index >= len(theirs) or position >= len(ours):
         return False
     name = theirs[item.index]
     return isinstance(name, str) and not name.startswith("unk__") and name == ours[position]
+
+
+#: Ops whose output has their first input's shape, whatever their other inputs are.
+SHAPE_KEEPING = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Cast",
+                 "Identity", "Softmax", "LogSoftmax", "LayerNormalization", "Gelu", "HardSigmoid", "HardSwish",
+                 "LeakyRelu", "Elu", "Selu", "Softplus", "Dropout", "Not", "IsNaN", "Sign", "Floor", "Ceil",
+                 "Round", "Clip", "InstanceNormalization", "BatchNormalization", "SimplifiedLayerNormalization"}
+#: Elementwise ops that broadcast: the output keeps a dim of the first input where every other input's dim at
+#: that (right-aligned) position is a static 1 or absent.
+BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "And", "Or", "Equal", "Less", "Greater"}
+#: Attention ops: their output has the query's dims but the last (the value's head size).
+ATTENTION = {("", "Attention"), ("ai.onnx", "Attention"), ("mirserve", "ScaledDotProductAttention"),
+             ("mirserve", "MultiHeadAttention")}
+#: Longest chain of producers walked back (a transformer layer's projections are a few nodes from their input).
+MAX_CARRY = 32
+
+
+def _carried_from(value: Value, position: int) -> tuple[Value, int]:
+    """The value and dim that dim ``position`` of ``value`` was carried from unchanged: back through ops that
+    keep their first input's shape, elementwise ops whose other operands do not broadcast that dim, MatMul by a
+    matrix (the leading dims of its first operand), attention (the query's dims but the last), Reshape where its
+    constant shape has a 0 (a copy), Transpose (the dim its perm names) and Unsqueeze / Squeeze by constant
+    axes; where none applies, the value itself. Two dims carried from one are equal
+    wherever the model runs, named by inference or not (a dynamic TorchScript export's dims come out of the
+    embedding's broadcasting Adds as ``unk__N``)."""
+    for _ in range(MAX_CARRY):
+        node, shape = value.producer, value.shape
+        if node is None or shape is None or not 0 <= position < len(shape) or len(node.outputs) < 1 or \
+                node.outputs[0] is not value or not node.inputs or node.input(0) is None:
+            break
+        source = node.input(0)
+        op, rank = node.op_type, len(shape)
+        if (node.domain, op) in ATTENTION:  # (batch, heads, seq, size) or (batch, seq, hidden): q's but the last
+            if source.shape is None or len(source.shape) != rank or position >= rank - 1:
+                break
+        elif node.domain not in ("", "ai.onnx"):
+            break
+        elif op in SHAPE_KEEPING or op in BROADCASTING:
+            others = [v for v in node.inputs[1:] if v is not None] if op in BROADCASTING else []
+            if op == "Where":  # the condition broadcasts too: follow the first data operand only if all agree
+                source, others = node.input(1), [node.input(0), node.input(2)]
+            if source.shape is None or len(source.shape) != rank:
+                break
+            for other in others:
+                their = other.shape
+                if their is None:
+                    return value, position
+                at = position - (rank - len(their))
+                if at >= 0 and their[at] != 1:
+                    return value, position
+        elif op == "MatMul":
+            weight = node.input(1)
+            if source.shape is None or len(source.shape) != rank or rank < 2 or position >= rank - 1 or \
+                    weight.shape is None or len(weight.shape) != 2:
+                break
+        elif op == "Reshape":  # a 0 in a constant shape copies the input's dim at its position
+            target = int_list(node.input(1))
+            if target is None or position >= len(target) or target[position] != 0 or node.attr("allowzero", 0):
+                break
+        elif op == "Transpose":
+            perm = node.attr("perm")
+            if perm is None or len(perm) != rank:
+                break
+            position = perm[position]
+        elif op in ("Unsqueeze", "Squeeze"):
+            axes = int_list(node.input(1)) if len(node.inputs) > 1 else node.attr("axes")
+            if source.shape is None or axes is None:
+                break
+            axes = sorted(a % (rank if op == "Unsqueeze" else len(source.shape)) for a in axes)
+            if op == "Unsqueeze":
+                if position in axes:
+                    break
+                position -= sum(1 for a in axes if a < position)
+            else:
+                kept = [i for i in range(len(source.shape)) if i not in axes]
+                position = kept[position]
+        else:
+            break
+        value = source
+    return value, position

@@ -9,7 +9,8 @@ pass-through kinds, for the scalar case).
 The first is a transformer's attention scale, the second the 0.5 of an exported Gelu. Ops passed through:
 Transpose, Reshape, Flatten, Squeeze, Unsqueeze, Identity (any direction), Mul and MatMul of two activations
 (either operand), and backward an Add of a constant (which is scaled too). Every value on the path must have
-exactly one consumer and not be a graph output, so nothing else sees the values change by the factor.
+exactly one consumer and not be a graph output, so nothing else sees the values change by the factor; they
+get new names, as they hold other values now (verification by regions pairs values by name).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ class Plan:
     """Which constants to multiply by the factor: (node, input slot) pairs."""
 
     scaled: list[tuple[Node, int]] = field(default_factory=list)
+    #: The values on the path, which hold another value once the factor has moved (renamed by ``apply``).
+    changed: list[Value] = field(default_factory=list)
 
 
 def _float_constant(value: Value | None) -> bool:
@@ -51,6 +54,13 @@ def backward(value: Value, budget: list[int] | None = None) -> Plan | None:
 
     ``budget`` bounds the ops visited (the search branches at every MatMul or Mul of two activations).
     """
+    plan = _backward(value, budget)
+    if plan is not None:
+        plan.changed.append(value)
+    return plan
+
+
+def _backward(value: Value, budget: list[int] | None) -> Plan | None:
     budget = [MAX_STEPS] if budget is None else budget
     budget[0] -= 1
     node = value.producer
@@ -73,12 +83,19 @@ def backward(value: Value, budget: list[int] | None = None) -> Plan | None:
             other = node.input(1 - slot)
             if _float_constant(node.input(slot)) and other is not None:
                 upstream = backward(other, budget)
-                return None if upstream is None else Plan(upstream.scaled + [(node, slot)])
+                return None if upstream is None else Plan(upstream.scaled + [(node, slot)], upstream.changed)
     return None
 
 
 def forward(value: Value, steps: int = 0) -> Plan | None:
     """How to absorb a factor carried by ``value`` by changing constants downstream, or None."""
+    plan = _forward(value, steps)
+    if plan is not None:
+        plan.changed.append(value)
+    return plan
+
+
+def _forward(value: Value, steps: int) -> Plan | None:
     if steps > MAX_STEPS or not _private(value):
         return None
     node, slot = value.uses[0]
@@ -100,7 +117,12 @@ def _first(plans) -> Plan | None:
 
 
 def apply(plan: Plan, factor: float) -> list[Value]:
-    """Give every planned input a new constant scaled by ``factor``; returns the replaced values."""
+    """Give every planned input a new constant scaled by ``factor``, and every value on the path a new name
+    (it holds another value now: verification by regions pairs the two graphs' values by name, and a rewrite
+    must not leave a name on what it changed); returns the replaced constants."""
+    for value in dict.fromkeys(plan.changed):
+        if value.graph is not None and value.producer is not None:
+            value.graph.rename_fresh(value, f"{value.name}_rescaled")
     replaced = []
     for node, slot in plan.scaled:
         old = node.input(slot)
