@@ -27,5 +27,10 @@ def test_the_nodes_auto_mixed_precision_kept_in_fp32_reach_the_job_summary():
                                      "runs": 4, "seconds": 2.5}}
     report["summary"] = build_summary(report)
     summary = Report.model_validate(report).summary()
-    assert summary["precision_fallback"] == {"nodes": ["softmax"], "runs": 4, "seconds": 2.5}
+    # a section without its precisions (written before int8 places were searched) was an fp16 one
+    assert summary["precision_fallback"] == {"nodes": ["softmax"], "precisions": ["fp16"], "runs": 4,
+                                             "seconds": 2.5}
+    report["precision_fallback"]["precisions"] = ["int8"]
+    report["summary"] = build_summary(report)
+    assert Report.model_validate(report).summary()["precision_fallback"]["precisions"] == ["int8"]
     assert Report.model_validate({"summary": build_summary({})}).summary()["precision_fallback"] is None
