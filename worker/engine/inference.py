@@ -443,6 +443,8 @@ def _broadcast_of_clamped(node) -> Shape | None:
                 clamped = True
             else:
                 out.append(None)
+    if any(isinstance(d, int) and d < 0 for d in out):
+        return None  # a -1 the exporter's Where did not replace: no shape, and the runtime refuses the model
     if node.op_type == "Expand" and None not in out:  # onnx reads no target computed through a Where
         return tuple(out)
     return tuple(out) if clamped else None
