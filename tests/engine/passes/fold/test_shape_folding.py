@@ -251,7 +251,8 @@ def projected_heads_model(carry: str = "MatMul"):
     nodes = [helper.make_node("Add", ["x", "y"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
              helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Gather", ["s", "one"], ["t"], axis=0),
-             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]), helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+             helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
              helper.make_node("Concat", ["n1", "t1", "heads"], ["target"], axis=0)]
     if carry == "MatMul":
         nodes.append(helper.make_node("MatMul", ["h", "w"], ["q"]))
@@ -301,7 +302,8 @@ def test_the_heads_joined_after_attention_get_a_constant_shape(tmp_path):
     nodes = [helper.make_node("Add", ["x", "y"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
              helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
              helper.make_node("Gather", ["s", "one"], ["t"], axis=0),
-             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]), helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
+             helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+             helper.make_node("Unsqueeze", ["t", "zero1"], ["t1"]),
              helper.make_node("Concat", ["n1", "t1", "minus"], ["target"], axis=0)]
     for w in "qkv":
         nodes += [helper.make_node("MatMul", ["h", f"w{w}"], [f"{w}3"]),
@@ -330,7 +332,8 @@ def test_a_computed_dim_named_as_the_inputs_is_copied_under_allowzero(tmp_path):
     """The dynamo exporter's view(batch, seq, -1, 16) with allowzero 1, where seq is arithmetic on the input's
     size ((samples // 20) - 1: no Shape of the value reshaped) and the exporter named the Reshape's input and
     output dims alike: the shape becomes [0, 0, -1, 4] with allowzero 0 (still right for every size)."""
-    nodes = [helper.make_node("Shape", ["audio"], ["sa"]), helper.make_node("Gather", ["sa", "one"], ["samples"], axis=0),
+    nodes = [helper.make_node("Shape", ["audio"], ["sa"]),
+             helper.make_node("Gather", ["sa", "one"], ["samples"], axis=0),
              helper.make_node("Div", ["samples", "twenty"], ["d"]), helper.make_node("Sub", ["d", "one"], ["seq"]),
              helper.make_node("Reshape", ["seq", "one1"], ["seq1"]),  # as dynamo writes it: not tracked
              helper.make_node("Shape", ["h"], ["b1"], start=0, end=1),
