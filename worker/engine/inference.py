@@ -23,7 +23,7 @@ from worker.engine.evaluate import evaluate
 from worker.engine.ir import Graph, Model, Value, model_to_proto
 from worker.engine.ir.serde import type_from_proto, value_info_proto
 from worker.engine.ir.value import Dim, Shape
-from worker.engine.kernels.ops import SHAPE_INPUTS
+from worker.engine.kernels.ops import BROADCASTING_OPS, SHAPE_INPUTS
 from worker.engine.limits import GENERATORS, SIZED_BY_VALUE, Limits, describe_node, elements_from_values
 
 #: Largest tensor (in elements) whose value type inference computes to learn shapes.
@@ -308,7 +308,7 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
             shape = _reshaped(node)
             if shape is not None:
                 found[out] = (out.dtype, shape)
-        elif (node.op_type in BROADCASTING or node.op_type == "Expand") and out.dtype and not node.domain:
+        elif (node.op_type in BROADCASTING_OPS or node.op_type == "Expand") and out.dtype and not node.domain:
             shape = _broadcast_of_clamped(node)
             if shape is not None:
                 found[out] = (out.dtype, shape)
@@ -316,7 +316,7 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
 
 
 def _nameable_shape(shape: Shape | None) -> bool:
-    return shape is not None and all(_nameable(d) for d in shape)
+    return shape is not None and all(nameable(d) for d in shape)
 
 
 def _reshaped(node) -> Shape | None:
@@ -326,7 +326,7 @@ def _reshaped(node) -> Shape | None:
     does no arithmetic on names, so it makes the -1 up."""
     data, target = node.input(0).shape, dims_vector(node.input(1))
     allowzero = node.attr("allowzero", 0) != 0
-    if data is None or target is None or target.count(-1) > 1 or not all(_nameable(d) for d in data):
+    if data is None or target is None or target.count(-1) > 1 or not all(nameable(d) for d in data):
         return None
     dims: list[Dim] = []
     for position, dim in enumerate(target):
@@ -364,12 +364,6 @@ def _reshaped(node) -> Shape | None:
     else:
         return None
     return tuple(dims)
-
-
-#: Elementwise ops whose output shape is their inputs' broadcast (numpy's rules).
-BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater", "Less",
-                          "GreaterOrEqual", "LessOrEqual", "Where", "Max", "Min", "Sum", "Mean", "PRelu",
-                          "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
 
 
 def _clamp_name(dim: str, size: int) -> str:
@@ -438,7 +432,7 @@ def _broadcast_of_clamped(node) -> Shape | None:
             out.append(dims.pop())
         else:
             names = {_clamped_of(d) or d for d in dims}
-            if len(names) == 1 and _nameable(next(iter(names))) and not isinstance(next(iter(names)), int):
+            if len(names) == 1 and nameable(next(iter(names))) and not isinstance(next(iter(names)), int):
                 out.append(names.pop())
                 clamped = True
             else:
@@ -525,11 +519,12 @@ DECLARING_RUNS = 4
 
 def _declared(named: dict[Value, tuple[int, Shape]]) -> dict[str, tuple]:
     """What declaring ``named`` writes, by value name: only the dims a declaration keeps."""
-    return {value.name: (dtype, tuple(d if _nameable(d) else None for d in shape))
+    return {value.name: (dtype, tuple(d if nameable(d) else None for d in shape))
             for value, (dtype, shape) in named.items()}
 
 
-def _nameable(dim: Dim) -> bool:
+def nameable(dim: Dim) -> bool:
+    """A dim of known size or of a name of the model's (not one onnx made up, ``MADE_UP``)."""
     return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
 
 
@@ -546,22 +541,22 @@ def _attention_shape(node) -> Shape | None:
     if q is None or k is None or v is None or mask is None:
         return None
     if node.op_type == "ScaledDotProductAttention":  # Q (..., s, d), KT (..., d, t), V (..., t, dv)
-        if not len(q) == len(k) == len(v) >= 2 or not _same_dims(q[:-2], k[:-2]) or not _same_dims(q[:-2], v[:-2]) \
-                or not _same_dims(k[-1:], v[-2:-1]):
+        if not len(q) == len(k) == len(v) >= 2 or not same_dims(q[:-2], k[:-2]) or not same_dims(q[:-2], v[:-2]) \
+                or not same_dims(k[-1:], v[-2:-1]):
             return None
         scores = (*q[:-1], k[-1])
     else:  # MultiHeadAttention: Q (b, s, h*d), K (b, t, h*d), V (b, t, h*dv); scores (b, h, s, t)
-        if not len(q) == len(k) == len(v) == 3 or not _same_dims(q[:1], k[:1]) or not _same_dims(q[:1], v[:1]) \
-                or not _same_dims(k[1:2], v[1:2]):
+        if not len(q) == len(k) == len(v) == 3 or not same_dims(q[:1], k[:1]) or not same_dims(q[:1], v[:1]) \
+                or not same_dims(k[1:2], v[1:2]):
             return None
         scores = (q[0], node.attr("num_heads"), q[1], k[1])
-    if len(mask) > len(scores) or not all(m == 1 or _same_dims((m,), (s,))
+    if len(mask) > len(scores) or not all(m == 1 or same_dims((m,), (s,))
                                           for m, s in zip(mask[::-1], scores[::-1])):
         return None
     return (*q[:-1], v[-1])
 
 
-def _same_dims(a: Shape, b: Shape) -> bool:
+def same_dims(a: Shape, b: Shape) -> bool:
     """Dims known to be equal: the same number, or the same name of the model's."""
     return len(a) == len(b) and all(x is not None and x == y and not (isinstance(x, str) and x.startswith(MADE_UP))
                                     for x, y in zip(a, b))
@@ -581,7 +576,7 @@ def _declare(proto: onnx.GraphProto, name: str, dtype: int, shape: Shape) -> Non
         entry = info.type.tensor_type.shape.dim.add()
         if isinstance(dim, int):
             entry.dim_value = dim
-        elif _nameable(dim):
+        elif nameable(dim):
             entry.dim_param = dim
 
 

@@ -100,6 +100,11 @@ NHWC_ARITY = {"Conv": 3, "ConvTranspose": 3, "Resize": 3, "InstanceNormalization
 #: Prefix of the own-domain op a layout-sensitive node on an NHWC kernel becomes (NhwcConv, NhwcMaxPool).
 NHWC_PREFIX = "Nhwc"
 
+#: Standard elementwise ops whose output shape is their inputs' broadcast (numpy's rules; PRelu's slope to X).
+BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "And", "Or", "Xor", "Equal", "Greater",
+                              "Less", "GreaterOrEqual", "LessOrEqual", "Where", "Max", "Min", "Sum", "Mean",
+                              "PRelu", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+
 #: Inputs that hold shapes, axes, sizes or counts: a device kernel reads them from host memory (as
 #: onnxruntime's CUDA kernels declare with OrtMemTypeCPUInput), so they never need an io_copy.
 SHAPE_INPUTS: dict[str, frozenset[int]] = {

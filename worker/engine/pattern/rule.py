@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from worker.engine.inference import MADE_UP
+from worker.engine.inference import nameable
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.pattern.matcher import Match, Matcher
 from worker.engine.pattern.pattern import Pattern
@@ -157,11 +157,7 @@ def better_known(shape, than) -> bool:
         return False
     if than is None or len(than) != len(shape):
         return True
-    return any(_known(new) and not _known(old) for new, old in zip(shape, than))
-
-
-def _known(dim) -> bool:
-    return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
+    return any(nameable(new) and not nameable(old) for new, old in zip(shape, than))
 
 
 def _forward(rule: Rule, graph: Graph, match: Match, value: Value) -> None:

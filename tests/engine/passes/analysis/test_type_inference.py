@@ -16,6 +16,14 @@ from worker.engine.inference import apply_input_shapes
 from worker.engine.places import parse_places
 
 
+def typed(proto: onnx.ModelProto, tmp_path):
+    """``proto`` saved, loaded and typed (``infer``)."""
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    infer(loaded)
+    return loaded
+
+
 def infer(model, shapes=None) -> dict:
     apply_input_shapes(model.graph, shapes or {})
     ctx = PassContext(model, OptimizeOptions(), parse_places())
@@ -217,9 +225,7 @@ def test_positions_of_a_symbolic_sequence_keep_its_name(tmp_path):
     model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", shape=[None, None, None])],
                        [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
                         tensor("table", np.zeros((16, 8), np.float32))])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(model, tmp_path)
     assert loaded.graph.value("positions").shape == ("s",)
     assert loaded.graph.outputs[0].shape == ("n", "s", 8)
 
@@ -229,9 +235,7 @@ def test_a_range_that_does_not_start_at_zero_is_not_named(tmp_path):
              helper.make_node("Range", ["one", "s", "one"], ["y"])]
     model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])], [vinfo("y", TensorProto.INT64, [None])],
                        [tensor("one", np.array(1, np.int64))])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(model, tmp_path)
     (dim,) = loaded.graph.outputs[0].shape
     assert dim != "s"
 
@@ -270,9 +274,7 @@ def _bert_embeddings(end_source: str = "s", start: int = 0) -> onnx.ModelProto:
 def test_a_slice_of_a_buffer_to_the_sequence_is_named_and_so_is_what_it_is_added_to(tmp_path):
     """``buffer[:, :s]`` is min(s, 16) long; broadcast with s it can only be s (were it 16 < s, the Add would fail
     unless 16 were 1), so the token types expanded to (n, s) and the embeddings' sum keep the model's names."""
-    onnx.save(_bert_embeddings(), str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(_bert_embeddings(), tmp_path)
     assert loaded.graph.value("positions").shape == (1, "min(s,16)")
     assert loaded.graph.value("type_ids").shape == ("n", "s")
     assert loaded.graph.value("sum").shape == ("n", "s", 8)
@@ -282,16 +284,13 @@ def test_a_slice_of_a_buffer_to_the_sequence_is_named_and_so_is_what_it_is_added
 @pytest.mark.parametrize("end_source, start", [("n", 0), ("s", 1)])
 def test_a_slice_not_from_the_start_or_to_another_dim_is_not_the_sequence(tmp_path, end_source, start):
     """Sliced to the batch size, or from 1: the sum broadcasts s with another length, which is not s."""
-    onnx.save(_bert_embeddings(end_source, start), str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(_bert_embeddings(end_source, start), tmp_path)
     assert loaded.graph.value("sum").shape == ("n", "s", 8)  # the types' slice is still from 0 to s
     assert loaded.graph.outputs[0].shape[1] != "s"
 
 
-@pytest.mark.parametrize("condition, source, target, declared", [
-    ([False, True], "positions", "target", ("n", "s")), ([False, False], "positions", "target", None)])
-def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, condition, source, target, declared):
+@pytest.mark.parametrize("condition, declared", [([False, True], ("n", "s")), ([False, False], None)])
+def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, condition, declared):
     """BART's ``positions.expand(batch, -1)``: Expand(Range(0, s, 1), Where(c, 1, [n, -1])) with the Equal that
     was c folded; the target is [n, 1] and the positions (n, s). A condition that keeps the -1 is no target."""
     nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
@@ -301,15 +300,13 @@ def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, co
              helper.make_node("Range", ["zero", "s", "one"], ["positions"]),
              helper.make_node("Concat", ["n1", "minus_one"], ["sizes"], axis=0),
              helper.make_node("Where", ["keep", "ones", "sizes"], ["target"]),
-             helper.make_node("Expand", [source, target], ["y"])]
+             helper.make_node("Expand", ["positions", "target"], ["y"])]
     model = make_model(nodes, [vinfo("ids", TensorProto.INT64, ["n", "s"])],
                        [vinfo("y", TensorProto.INT64, [None, None])],
                        [tensor("zero", np.array(0, np.int64)), tensor("one", np.array(1, np.int64)),
                         tensor("axes", np.array([0], np.int64)), tensor("minus_one", np.array([-1], np.int64)),
                         tensor("ones", np.array([1, 1], np.int64)), tensor("keep", np.array(condition))])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(model, tmp_path)
     shape = loaded.graph.outputs[0].shape
     if declared:
         assert shape == declared
@@ -325,9 +322,7 @@ def test_a_reshape_whose_minus_one_cancels_to_a_name_is_declared(tmp_path, targe
     nodes = [helper.make_node("Reshape", ["x", "target"], ["y"])]
     model = make_model(nodes, [vinfo("x", shape=["n", "s", 64])], [vinfo("y", shape=[None] * len(target))],
                        [tensor("target", np.array(target, np.int64))])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    loaded = load_model(tmp_path / "m.onnx")
-    infer(loaded)
+    loaded = typed(model, tmp_path)
     shape = loaded.graph.outputs[0].shape
     if declared:
         assert shape == declared

@@ -1,5 +1,6 @@
 """fuse_reshape_transpose_reshape: a Transpose of trailing axes written over merged leading axes is one Transpose."""
 import numpy as np
+import pytest
 from onnx import helper
 
 from tests.conftest import make_model, tensor, vinfo
@@ -45,25 +46,14 @@ def test_three_trailing_axes_keep_their_permutation(tmp_path):
     assert list(outcome.model.graph.nodes_of_type("Transpose")[0].attr("perm")) == [0, 1, 4, 2, 3]
 
 
-def test_a_transpose_that_moves_the_merged_axis_stays(tmp_path):
-    model = merged_transpose((2, 3, 4, 5), [6, 4, 5], [1, 0, 2], [4, 2, 3, 5])
-    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
+@pytest.mark.parametrize("merge, perm, split, refusal", [
+    ([6, 4, 5], [1, 0, 2], [4, 2, 3, 5], "the Transpose moves the merged leading axis"),
+    ([6, 2, 10], [0, 2, 1], [2, 3, 10, 2], "does not merge the leading axes alone"),
+    ([6, 4, 5], [0, 2, 1], [2, 3, 4, 5], "does not split the leading axis alone")])
+def test_a_transpose_over_axes_merged_or_split_otherwise_stays(tmp_path, merge, perm, split, refusal):
+    outcome = run(merged_transpose((2, 3, 4, 5), merge, perm, split), STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
     assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
-    assert outcome.refused("fuse_reshape_transpose_reshape", "the Transpose moves the merged leading axis")
-
-
-def test_a_first_reshape_that_regroups_the_trailing_axes_stays(tmp_path):
-    model = merged_transpose((2, 3, 4, 5), [6, 2, 10], [0, 2, 1], [2, 3, 10, 2])
-    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
-    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
-    assert outcome.refused("fuse_reshape_transpose_reshape", "does not merge the leading axes alone")
-
-
-def test_a_second_reshape_that_regroups_the_trailing_axes_stays(tmp_path):
-    model = merged_transpose((2, 3, 4, 5), [6, 4, 5], [0, 2, 1], [2, 3, 4, 5])
-    outcome = run(model, STEP, tmp_path, feeds=feeds((2, 3, 4, 5)))
-    assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
-    assert outcome.refused("fuse_reshape_transpose_reshape", "does not split the leading axis alone")
+    assert outcome.refused("fuse_reshape_transpose_reshape", refusal)
 
 
 def test_an_intermediate_read_elsewhere_stays(tmp_path):

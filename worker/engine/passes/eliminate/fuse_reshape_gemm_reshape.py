@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from worker.engine.inference import MADE_UP, dims_vector
+from worker.engine.inference import dims_vector, same_dims
 from worker.engine.ir import Node
 from worker.engine.passes.base import PassContext, PassKind, PassResult
 from worker.engine.passes.registry import register_pass
@@ -61,8 +61,7 @@ class ReshapeGemmReshape(Rule):
         if b.shape[0] != k or (bias is not None and (bias.shape is None or tuple(bias.shape) not in ((n,), (1, n)))):
             return "B or the bias does not match the rows"
         split = dims_vector(match.value("split_shape"))
-        if split is None or len(split) != len(leading) + 1 or split[-1] != n \
-                or not all(_same(a, b) for a, b in zip(split[:-1], leading)):
+        if split is None or len(split) != len(leading) + 1 or split[-1] != n or not same_dims(split[:-1], leading):
             return "the second Reshape does not split the rows into the input's leading dims"
         return b
 
@@ -80,13 +79,6 @@ class ReshapeGemmReshape(Rule):
         matmul.output(0).dtype, matmul.output(0).shape = y.dtype, y.shape
         add = graph.add_node("Add", [matmul.output(0), bias], [y], name=f"{gemm.name}_bias", before=split)
         return [matmul, add]
-
-
-def _same(a, b) -> bool:
-    """A dim the second Reshape asks for is the input's: the same number, or the same name of the model's."""
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return isinstance(a, str) and a == b and not a.startswith(MADE_UP)
 
 
 @register_pass(name="fuse_reshape_gemm_reshape", kind=PassKind.PROGRAM, level=1,

@@ -40,7 +40,9 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto, helper
 
+from worker.engine.inference import nameable
 from worker.engine.ir import Graph, Node, Value
+from worker.engine.kernels.ops import BROADCASTING_OPS
 from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
 from worker.engine.passes.support.constants import replace_with_constant
 from worker.engine.passes.support.operands import axes_of, int_list
@@ -401,7 +403,7 @@ def _named_alike(ours: tuple | None, theirs: tuple | None, position: int) -> boo
     if ours is None or theirs is None or position >= len(ours) or position >= len(theirs):
         return False
     name = ours[position]
-    return isinstance(name, str) and bool(name) and not name.startswith("unk__") and name == theirs[position]
+    return isinstance(name, str) and nameable(name) and name == theirs[position]
 
 
 def _broadcasting_shape(expand: Node, known: dict[Value, Partial]) -> np.ndarray | None:
@@ -445,9 +447,6 @@ SHAPE_KEEPING = {"Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Sqrt", "Exp", 
                  "Identity", "Softmax", "LogSoftmax", "LayerNormalization", "Gelu", "HardSigmoid", "HardSwish",
                  "LeakyRelu", "Elu", "Selu", "Softplus", "Dropout", "Not", "IsNaN", "Sign", "Floor", "Ceil",
                  "Round", "Clip", "InstanceNormalization", "BatchNormalization", "SimplifiedLayerNormalization"}
-#: Elementwise ops that broadcast: the output keeps a dim of the first input where every other input's dim at
-#: that (right-aligned) position is a static 1 or absent.
-BROADCASTING = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "And", "Or", "Equal", "Less", "Greater"}
 #: Attention ops: their output has the query's dims but the last (the value's head size).
 ATTENTION = {("", "Attention"), ("ai.onnx", "Attention"), ("mirserve", "ScaledDotProductAttention"),
              ("mirserve", "MultiHeadAttention")}
@@ -475,8 +474,8 @@ def _carried_from(value: Value, position: int) -> tuple[Value, int]:
                 break
         elif node.domain not in ("", "ai.onnx"):
             break
-        elif op in SHAPE_KEEPING or op in BROADCASTING:
-            others = [v for v in node.inputs[1:] if v is not None] if op in BROADCASTING else []
+        elif op in SHAPE_KEEPING or op in BROADCASTING_OPS:
+            others = [v for v in node.inputs[1:] if v is not None] if op in BROADCASTING_OPS else []
             if op == "Where":  # the condition broadcasts too: follow the first data operand only if all agree
                 source, others = node.input(1), [node.input(0), node.input(2)]
             if source.shape is None or len(source.shape) != rank:
