@@ -40,7 +40,7 @@ from worker.engine.passes.place.support_check import KERNEL_PICK, kernel_pick_wi
 from worker.engine.kernels import KernelTable, default_table
 from worker.engine.kernels.ops import NHWC_PREFIX
 from worker.engine.kernels.pick import CAST_OPS, first_place
-from worker.engine.places import Precision, ValidPlaces, all_targets, parse_places
+from worker.engine.places import REDUCED_PRECISIONS, Precision, ValidPlaces, all_targets, parse_places
 from worker.engine.plugins import catalog
 from worker.engine.plugins.loader import PLUGINS
 from worker.engine.memory.timeline_svg import render_timeline
@@ -281,7 +281,7 @@ def optimize(model_path: str | os.PathLike, output_path: str | os.PathLike | Non
 def _falls_back(options: OptimizeOptions, places: ValidPlaces, exc: VerificationError) -> bool:
     """Auto mixed precision applies: asked for, a place computes in fp16 or int8, the models ran and differ."""
     return (options.precision_fallback and getattr(exc, "mismatch", None) is not None
-            and any(p.precision in (Precision.FP16, Precision.INT8) for p in places))
+            and any(p.precision in REDUCED_PRECISIONS for p in places))
 
 
 def fall_back(model, failure: str, reference: Path, directory: Path, build: Callable,

@@ -92,6 +92,10 @@ class Precision(str, enum.Enum):
         return self.value
 
 
+#: Precisions auto mixed precision takes a node out of, to an fp32 place (``worker.engine.amp``).
+REDUCED_PRECISIONS = frozenset({Precision.FP16, Precision.INT8})
+
+
 class Layout(str, enum.Enum):
     NCHW = "nchw"
     NHWC = "nhwc"

@@ -36,7 +36,8 @@ from worker.engine.passes.support.casts import fits_fp16, is_cast, same_memory
 from worker.engine.passes.support.nhwc import nhwc_form, nhwc_refusal
 from worker.engine.passes.support import pick_plan as plan, pick_search as search
 from worker.engine.passes.support.placement import annotate, fetch_place, is_constant, node_facts, node_opset
-from worker.engine.places import HOST, Layout, Precision, ValidPlaces, get_target, parse_places, precision_of_dtype
+from worker.engine.places import (HOST, REDUCED_PRECISIONS, Layout, Precision, ValidPlaces, get_target, parse_places,
+                                  precision_of_dtype)
 
 TOP = 3
 
@@ -311,8 +312,8 @@ def _pinned(variants: list[list[Candidate]], ctx: PassContext, node: Node, facts
     precision; a Conv between Q/DQ then keeps its sandwich on a float kernel), its fp16 inputs taken in fp32
     when its kernels follow their inputs' precision; its own candidates when it has no other (it cannot be
     pinned)."""
-    reduced = (Precision.FP16, Precision.INT8)
-    kept = [k for k in ([c for c in v if c.scored.resolved.precision not in reduced] for v in variants) if k]
+    kept = [k for k in ([c for c in v if c.scored.resolved.precision not in REDUCED_PRECISIONS] for v in variants)
+            if k]
     if not kept:
         kept = [sorted(_in_fp32(ctx.kernels, node, facts, ctx.places, portable, fits), key=Candidate.sort_key)]
     return kept if kept[0] else variants
