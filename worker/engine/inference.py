@@ -22,7 +22,7 @@ from worker.engine.errors import OptionsError
 from worker.engine.evaluate import evaluate
 from worker.engine.ir import Graph, Model, Value, model_to_proto
 from worker.engine.ir.serde import type_from_proto, value_info_proto
-from worker.engine.ir.value import Dim, Shape
+from worker.engine.ir.value import MADE_UP, Dim, Shape, nameable
 from worker.engine.kernels.ops import BROADCASTING_OPS, SHAPE_INPUTS
 from worker.engine.limits import GENERATORS, SIZED_BY_VALUE, Limits, describe_node, elements_from_values
 
@@ -252,10 +252,6 @@ def _fresh_symbols(graph: Graph):
         return renamed[dim]
 
     return fresh
-
-
-#: How onnx's shape inference names a dim it makes up.
-MADE_UP = "unk__"
 
 
 #: Ops whose output has their first input's shape by their definition, where onnx's inference (through the
@@ -521,11 +517,6 @@ def _declared(named: dict[Value, tuple[int, Shape]]) -> dict[str, tuple]:
     """What declaring ``named`` writes, by value name: only the dims a declaration keeps."""
     return {value.name: (dtype, tuple(d if nameable(d) else None for d in shape))
             for value, (dtype, shape) in named.items()}
-
-
-def nameable(dim: Dim) -> bool:
-    """A dim of known size or of a name of the model's (not one onnx made up, ``MADE_UP``)."""
-    return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
 
 
 #: mirserve's attention ops (``worker/engine/mirserve_domain/fused.py``).

@@ -78,6 +78,22 @@ def test_bypass_refuses_to_rename_a_graph_input(tmp_path):
     assert graph.outputs[0].name == "y" and graph.value("y").producer.op_type == "Abs"
 
 
+def test_bypass_gives_the_new_value_what_the_old_ones_type_knew(tmp_path):
+    """The two are one tensor: a dim the old value knew (a number, a model's name) replaces one onnx made up
+    or left unknown in the new value's type; what the new value knew itself stays; a graph input keeps its
+    declared type."""
+    graph = chain(tmp_path).graph
+    a, b = graph.value("a"), graph.value("b")
+    a.shape, b.shape = ("unk__3", None, 4, "n"), ("batch", 7, "unk__9", "m")
+    assert graph.bypass(b, a)
+    assert a.shape == ("batch", 7, 4, "n")
+    graph = chain(tmp_path).graph
+    x, a = graph.value("x"), graph.value("a")
+    x.shape, a.shape = ("unk__1",), ("batch",)
+    assert graph.bypass(a, x)
+    assert x.shape == ("unk__1",)
+
+
 def test_insert_before_and_after_keep_order_and_index(tmp_path):
     graph = chain(tmp_path).graph
     neg = graph.nodes_of_type("Neg")[0]

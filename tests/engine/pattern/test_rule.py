@@ -73,3 +73,36 @@ def test_a_rule_forwarding_a_better_known_value_leaves_the_types_stale_so_its_re
     assert [n.op_type for n in loaded.graph] == ["Gather"]
     assert loaded.graph.outputs[0].shape == ("n", "s", 8)
     assert [entry["pass"] for entry in trace] == ["eliminate_nop_reshape", "type_inference"]
+
+
+def test_a_forwarded_value_learns_the_dims_its_readers_knew_and_its_other_readers_are_typed_again(tmp_path):
+    """Add(h, 0) where h was left typed (unk, unk, 8) by an earlier inference and the sum (b, s, 8):
+    identity_scale_eliminate forwards h, which is the sum, so h takes (b, s, 8) and what else reads h is typed
+    again from it (the BERT export's residual Adds were refused by add_layer_norm_fuse for want of this)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.conftest import make_model, tensor, vinfo
+    from worker.engine.ir import load_model
+    from worker.engine.options import OptimizeOptions
+    from worker.engine.passes import PassContext, PassManager
+    from worker.engine.places import parse_places
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "zero"], ["sum"]),
+             helper.make_node("Relu", ["sum"], ["y"]), helper.make_node("Neg", ["h"], ["z"])]
+    model = make_model(nodes, [vinfo("x", TensorProto.FLOAT, ["b", "s", 8])],
+                       [vinfo("y", shape=[None, None, None]), vinfo("z", shape=[None, None, None])],
+                       [tensor("w", np.ones((8, 8), np.float32)), tensor("zero", np.zeros(8, np.float32))])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    ctx = PassContext(loaded, OptimizeOptions(), parse_places())
+    PassManager().run(ctx, ["type_inference"])
+    graph = loaded.graph
+    graph.value("h").shape = ("unk__1", "unk__2", 8)  # stale, as a pass outside inference can leave it
+    graph.value("z").shape = ("unk__1", "unk__2", 8)
+    trace = PassManager().run(ctx, ["identity_scale_eliminate"])
+    assert [n.op_type for n in graph] == ["MatMul", "Relu", "Neg"]
+    assert graph.value("h").shape == ("b", "s", 8)
+    assert [entry["pass"] for entry in trace] == ["identity_scale_eliminate", "type_inference"]
+    assert graph.value("z").shape == ("b", "s", 8)

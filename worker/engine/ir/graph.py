@@ -17,7 +17,7 @@ import numpy as np
 from worker.engine.errors import ModelError
 from worker.engine.ir.journal import created, journaled, touch, tracked
 from worker.engine.ir.node import Attr, Node
-from worker.engine.ir.value import ConstSource, Shape, Value
+from worker.engine.ir.value import ConstSource, Shape, Value, merged_shape
 
 _GAP = 1 << 16
 
@@ -508,6 +508,10 @@ class Graph:
         When ``old`` is a graph output, ``new`` takes over its name, which is possible only when ``new`` is
         produced by a node of this graph, is not itself a graph input or output, and has the same dtype.
         Returns False (and changes nothing) when that is not possible (``bypass_refusal`` says why).
+
+        The two are one tensor, so ``new`` keeps what ``old``'s type knew that its own did not (``old``'s
+        readers would otherwise read ``(unk__0, 256)`` where they read ``(batch, 256)``), except where ``new``
+        is a graph input, whose declared type is the model's interface.
         """
         if old.is_graph_output:
             if self.bypass_refusal(old, new) is not None:
@@ -524,6 +528,10 @@ class Graph:
                     self.replace_output(i, new)
             return True
         self.replace_all_uses(old, new)
+        if not new.is_graph_input:
+            known = merged_shape(new.shape, old.shape)
+            if known != new.shape:
+                new.shape = known
         return True
 
     # --- order -------------------------------------------------------------------------------------

@@ -24,6 +24,24 @@ if TYPE_CHECKING:
 Dim = int | str | None
 Shape = tuple[Dim, ...]
 
+#: How onnx's shape inference names a dim it makes up (``unk__0``): a name that says nothing about the dim.
+MADE_UP = "unk__"
+
+
+def nameable(dim: Dim) -> bool:
+    """A dim of known size or of a name of the model's (not one onnx made up, ``MADE_UP``)."""
+    return isinstance(dim, int) or (isinstance(dim, str) and not dim.startswith(MADE_UP))
+
+
+def merged_shape(ours: Shape | None, theirs: Shape | None) -> Shape | None:
+    """What two types of one tensor know together: at each position our dim unless theirs is nameable where
+    ours is not (a number or a model's name over ``unk__N`` or unknown); ``ours`` where the ranks differ."""
+    if theirs is None or (ours is not None and len(ours) != len(theirs)):
+        return ours
+    if ours is None:
+        return theirs
+    return tuple(t if nameable(t) and not nameable(o) else o for o, t in zip(ours, theirs))
+
 
 class Use(NamedTuple):
     node: "Node"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from worker.engine.inference import nameable
+from worker.engine.ir.value import nameable
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.pattern.matcher import Match, Matcher
 from worker.engine.pattern.pattern import Pattern
@@ -136,11 +136,14 @@ def _apply(ctx: "PassContext", rule: Rule, match: Match, plan: Any, result: "Pas
     read = [v for node in matched for v in node.inputs if v is not None]
     outcome = plan if isinstance(plan, Value) else rule.rewrite(ctx, match, plan)
     if isinstance(outcome, Value):
-        if better_known(outcome.shape, match.output.shape):
+        known = outcome.shape
+        _forward(rule, graph, match, outcome)
+        # the readers now read a value typed better than before, or the value learned from the one it replaced
+        # what its other readers could use: inference types them again before whatever needs types next
+        if better_known(known, match.output.shape) or outcome.shape != known:
             from worker.engine.passes.base import Analysis
 
             result.invalidate(Analysis.TYPES)
-        _forward(rule, graph, match, outcome)
         outcome = None
     created = [] if outcome is None else [outcome] if isinstance(outcome, Node) else list(outcome)
     removed = graph.remove_unused([*matched, *read])

@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto, helper
 
-from worker.engine.inference import nameable
+from worker.engine.ir.value import nameable
 from worker.engine.ir import Graph, Node, Value
 from worker.engine.kernels.ops import BROADCASTING_OPS
 from worker.engine.passes.base import Analysis, PassContext, PassKind, PassResult
