@@ -317,9 +317,10 @@ def _nameable_shape(shape: Shape | None) -> bool:
 
 def _reshaped(node) -> Shape | None:
     """The output shape of a Reshape whose target holds numbers, copies (0) and named dims (``dims_vector``),
-    where its -1 cancels out: the input's dims over the target's others leave one name of the model's, or a
-    number (``view(b, -1, heads, d)`` of a (b, s, heads * d) projection is (b, s, heads, d)). onnx's inference
-    does no arithmetic on names, so it makes the -1 up."""
+    where its -1 comes out as a number or a product of the model's names: the input's dims over the target's
+    others (``view(b, -1, heads, d)`` of a (b, s, heads * d) projection is (b, s, heads, d); ``view(s, -1, 64)``
+    of (s, batch, 768) is (s, 12*batch, 64), named as torch's exporter names it, and ``view(-1, 12, s, 64)`` of
+    that is (batch, 12, s, 64) again). onnx's inference does no arithmetic on names, so it makes the -1 up."""
     data, target = node.input(0).shape, dims_vector(node.input(1))
     allowzero = node.attr("allowzero", 0) != 0
     if data is None or target is None or target.count(-1) > 1 or not all(nameable(d) for d in data):
@@ -333,33 +334,58 @@ def _reshaped(node) -> Shape | None:
         dims.append(dim)
     if -1 not in dims:
         return tuple(dims)
-    names: dict[str, int] = {}
-    number = 1
-    for dim in data:
-        if isinstance(dim, int):
-            number *= dim
-        else:
-            names[dim] = names.get(dim, 0) + 1
-    divisor = 1
-    for dim in dims:
-        if dim == -1:
-            continue
-        if isinstance(dim, int):
-            divisor *= dim
-        elif names.get(dim):
-            names[dim] -= 1
-        else:
+    whole = _product(data)
+    others = _product(d for d in dims if d != -1)
+    if whole is None or others is None:
+        return None
+    (number, names), (divisor, taken) = whole, others
+    left = list(names)
+    for name in taken:
+        if name not in left:
             return None  # a name the input does not hold: no cancelling
-    left = [name for name, count in names.items() for _ in range(count)]
+        left.remove(name)
     if divisor == 0 or number % divisor:
         return None
-    if not left:
-        dims[dims.index(-1)] = number // divisor
-    elif len(left) == 1 and number == divisor:
-        dims[dims.index(-1)] = left[0]
-    else:
-        return None
+    dims[dims.index(-1)] = product_name(number // divisor, left)
     return tuple(dims)
+
+
+def _factors(dim: Dim) -> tuple[int, list[str]] | None:
+    """``dim`` as a number times names: ``12*batch`` is (12, [batch]), ``seq`` (1, [seq]), 5 (5, []); None for
+    an unknown dim or one onnx made up. A name that is more than a product (``2*s0 + 1``) is one name."""
+    if isinstance(dim, int):
+        return dim, []
+    if not nameable(dim) or dim is None:
+        return None
+    parts = dim.split("*")
+    if len(parts) == 1 or not all(p.isdigit() or p.isidentifier() for p in parts):
+        return 1, [dim]
+    number, names = 1, []
+    for part in parts:
+        if part.isdigit():
+            number *= int(part)
+        else:
+            names.append(part)
+    return number, names
+
+
+def _product(dims) -> tuple[int, list[str]] | None:
+    number, names = 1, []
+    for dim in dims:
+        factors = _factors(dim)
+        if factors is None:
+            return None
+        number *= factors[0]
+        names.extend(factors[1])
+    return number, names
+
+
+def product_name(number: int, names: Sequence[str]) -> Dim:
+    """The dim ``number`` times ``names``, named as torch's exporter names one (``12*batch``, ``batch*seq``):
+    the number first, then the names in order, so that one product has one name."""
+    if not names:
+        return number
+    return "*".join(([str(number)] if number != 1 else []) + sorted(names))
 
 
 def _clamp_name(dim: str, size: int) -> str:

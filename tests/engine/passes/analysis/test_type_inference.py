@@ -314,11 +314,14 @@ def test_an_expand_to_a_target_picked_by_a_folded_where_is_declared(tmp_path, co
         assert shape != ("n", "s")
 
 
-@pytest.mark.parametrize("target, declared", [([0, -1, 4, 16], ("n", "s", 4, 16)), ([-1, 64], None),
-                                              ([0, -1, 16], None), ([0, 0, 2, -1], ("n", "s", 2, 32))])
+@pytest.mark.parametrize("target, declared", [([0, -1, 4, 16], ("n", "s", 4, 16)), ([-1, 64], ("n*s", 64)),
+                                              ([0, -1, 16], ("n", "4*s", 16)), ([0, 0, 2, -1], ("n", "s", 2, 32)),
+                                              ([0, -1, 48], None), ([-1, 2, 0], None)])
 def test_a_reshape_whose_minus_one_cancels_to_a_name_is_declared(tmp_path, target, declared):
     """view(b, -1, heads, d) of a (b, s, heads * d) projection: the -1 is s, which onnx's inference (no
-    arithmetic on names) makes up; where it would be s * 4 or n * s it stays open."""
+    arithmetic on names) makes up; where it is s * 4 or n * s it is named as torch's exporter names such a
+    product; where the input's numbers are not a multiple of the target's (64 / 48, or 64 / (2 x 64) with the 0
+    copying the 64) it stays open."""
     nodes = [helper.make_node("Reshape", ["x", "target"], ["y"])]
     model = make_model(nodes, [vinfo("x", shape=["n", "s", 64])], [vinfo("y", shape=[None] * len(target))],
                        [tensor("target", np.array(target, np.int64))])
@@ -357,3 +360,19 @@ def test_a_domain_attention_output_is_declared_from_what_its_inputs_prove(tmp_pa
     assert loaded.graph.value("y").shape == declared
     if declared is not None:  # and what reads it gets the names
         assert loaded.graph.outputs[0].shape == declared
+
+
+def test_a_product_of_a_name_keeps_its_name_through_the_heads_of_a_sequence_first_attention(tmp_path):
+    """nn.MultiheadAttention at a dynamic batch (sequence first): view(5, -1, 64) of (5, n, 768) is
+    (5, 12*n, 64); transposed and viewed as (-1, 12, 5, 64) it is (n, 12, 5, 64) again, so what reads it (the
+    attention fusions) sees the batch of the queries, keys and values as one dim."""
+    nodes = [helper.make_node("Reshape", ["x", "heads"], ["h"]),
+             helper.make_node("Transpose", ["h"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "split"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[5, "n", 768])], [vinfo("y", shape=[None] * 4)],
+                       [tensor("heads", np.array([5, -1, 64], np.int64)),
+                        tensor("split", np.array([-1, 12, 5, 64], np.int64))])
+    loaded = typed(model, tmp_path)
+    assert loaded.graph.value("h").shape == (5, "12*n", 64)
+    assert loaded.graph.value("t").shape == ("12*n", 5, 64)
+    assert loaded.graph.outputs[0].shape == ("n", 12, 5, 64)
