@@ -350,12 +350,12 @@ def _reshaped(node) -> Shape | None:
     return tuple(dims)
 
 
-def _factors(dim: Dim) -> tuple[int, list[str]] | None:
+def factors(dim: Dim) -> tuple[int, list[str]] | None:
     """``dim`` as a number times names: ``12*batch`` is (12, [batch]), ``seq`` (1, [seq]), 5 (5, []); None for
     an unknown dim or one onnx made up. A name that is more than a product (``2*s0 + 1``) is one name."""
     if isinstance(dim, int):
         return dim, []
-    if not nameable(dim) or dim is None:
+    if not nameable(dim):
         return None
     parts = dim.split("*")
     if len(parts) == 1 or not all(p.isdigit() or p.isidentifier() for p in parts):
@@ -372,11 +372,11 @@ def _factors(dim: Dim) -> tuple[int, list[str]] | None:
 def _product(dims) -> tuple[int, list[str]] | None:
     number, names = 1, []
     for dim in dims:
-        factors = _factors(dim)
-        if factors is None:
+        found = factors(dim)
+        if found is None:
             return None
-        number *= factors[0]
-        names.extend(factors[1])
+        number *= found[0]
+        names.extend(found[1])
     return number, names
 
 
