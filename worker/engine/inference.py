@@ -21,10 +21,11 @@ from onnx import shape_inference
 from worker.engine.errors import OptionsError
 from worker.engine.evaluate import evaluate
 from worker.engine.ir import Graph, Model, Value, model_to_proto
-from worker.engine.ir.serde import type_from_proto, value_info_proto
+from worker.engine.ir.serde import encode_attribute, type_from_proto, value_info_proto
 from worker.engine.ir.value import MADE_UP, Dim, Shape, nameable
 from worker.engine.kernels.ops import BROADCASTING_OPS, SHAPE_INPUTS
 from worker.engine.limits import GENERATORS, SIZED_BY_VALUE, Limits, describe_node, elements_from_values
+from worker.engine.mirserve_domain.ops import DOMAIN, VERSION as DOMAIN_VERSION, get_op
 
 #: Largest tensor (in elements) whose value type inference computes to learn shapes.
 MAX_EVALUATED = 4096
@@ -87,6 +88,7 @@ def infer_types(model: Model, limits: Limits = Limits()) -> dict:
             if _declared(_named_shapes(model.graph)) == declared:
                 break
             error = infer_with_onnx() or error
+        _name_through(model)
         if error:
             figures["onnx_inference_error"] = error
         _infer_loop_outputs(model.graph, known)
@@ -278,37 +280,100 @@ def _named_shapes(graph: Graph) -> dict[Value, tuple[int, Shape]]:
     inference run."""
     found = {}
     for node in graph:
-        if node.domain not in ("", "mirserve") or not node.outputs or node.input(0) is None:
-            continue
-        out = node.outputs[0]
-        if out.type_proto is not None:
-            continue
-        if (node.domain, node.op_type) in SAME_SHAPE:
-            source = node.input(0)
-            if source.shape is not None and source.dtype:
-                found[out] = (source.dtype, source.shape)
-        elif node.domain == "mirserve" and node.op_type in ATTENTION_OPS:
-            shape = _attention_shape(node)
-            if shape is not None and node.input(0).dtype:
-                found[out] = (node.input(0).dtype, shape)
-        elif node.op_type == "Range" and out.dtype and len(node.inputs) == 3:
-            start, delta = (_scalar_constant(node.input(i)) for i in (0, 2))
-            length = _named_dim(node.input(1))
-            if start == 0 and delta == 1 and length is not None:
-                found[out] = (out.dtype, (length,))
-        elif node.op_type == "Slice" and out.dtype:
-            shape = _clamped_slice(node)
-            if shape is not None:
-                found[out] = (out.dtype, shape)
-        elif node.op_type == "Reshape" and out.dtype and len(node.inputs) == 2 and not _nameable_shape(out.shape):
-            shape = _reshaped(node)
-            if shape is not None:
-                found[out] = (out.dtype, shape)
-        elif (node.op_type in BROADCASTING_OPS or node.op_type == "Expand") and out.dtype and not node.domain:
-            shape = _broadcast_of_clamped(node)
-            if shape is not None:
-                found[out] = (out.dtype, shape)
+        shape = _named_output(node)
+        if shape is not None:
+            found[node.outputs[0]] = (node.outputs[0].dtype or node.input(0).dtype, shape)
     return found
+
+
+def _named_output(node) -> Shape | None:
+    """The shape of ``node``'s first output by the rules of ``_named_shapes``, or None."""
+    if node.domain not in ("", "mirserve") or not node.outputs or node.input(0) is None:
+        return None
+    out = node.outputs[0]
+    if out is None or out.type_proto is not None:
+        return None
+    if (node.domain, node.op_type) in SAME_SHAPE:
+        source = node.input(0)
+        return source.shape if source.shape is not None and source.dtype else None
+    if node.domain == "mirserve" and node.op_type in ATTENTION_OPS:
+        return _attention_shape(node) if node.input(0).dtype else None
+    if not out.dtype:
+        return None
+    if node.op_type == "Range" and len(node.inputs) == 3:
+        start, delta = (_scalar_constant(node.input(i)) for i in (0, 2))
+        length = _named_dim(node.input(1))
+        return (length,) if start == 0 and delta == 1 and length is not None else None
+    if node.op_type == "Slice":
+        return _clamped_slice(node)
+    if node.op_type == "Reshape" and len(node.inputs) == 2:
+        return _reshaped(node)
+    if (node.op_type in BROADCASTING_OPS or node.op_type == "Expand") and not node.domain:
+        return _broadcast_of_clamped(node)
+    return None
+
+
+def _name_through(model: Model) -> None:
+    """Carry the model's names through the main graph in one sweep, in order: a node whose outputs onnx left
+    with made-up dims while every input is named is typed again from its inputs (the declarations above, or
+    onnx's inference of that node alone, a domain op's through its function). Declarations chain (a head split
+    names the heads' batch only once what it splits is named, and a deep model chains them layer after layer),
+    and a whole run of onnx's inference per link would cost a run per layer."""
+    graph, opset = model.graph, model.opset("")
+    for node in graph:
+        if node.domain not in ("", "mirserve") or node.subgraphs():
+            continue
+        unnamed = [v for v in node.outputs if v is not None and v.type_proto is None and v.shape is not None
+                   and not _nameable_shape(v.shape)]
+        if not unnamed or not all(v is None or (v.dtype and _nameable_shape(v.shape)) for v in node.inputs):
+            continue
+        declared = _named_output(node)
+        found = {node.outputs[0]: declared} if declared is not None else _node_shapes(node, opset)
+        for value in unnamed:
+            shape = found.get(value)
+            if shape is not None and len(shape) == len(value.shape):
+                value.shape = tuple(_merge_dim(old, new) for old, new in zip(value.shape, shape))
+
+
+def _node_shapes(node, opset: int) -> dict[Value, Shape]:
+    """The output shapes onnx's inference gives ``node`` alone, from its inputs' types and constants."""
+    proto = onnx.NodeProto(op_type=node.op_type, domain=node.domain, name=node.name)
+    proto.input.extend(v.name if v is not None else "" for v in node.inputs)
+    proto.output.extend(v.name if v is not None else "" for v in node.outputs)
+    proto.attribute.extend(encode_attribute(attr) for attr in node.attributes.values())
+    inputs = [v for v in node.inputs if v is not None]
+    try:
+        if node.domain == DOMAIN:
+            inferred = _function_shapes(proto, inputs, opset)
+        else:
+            schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+            data = {v.name: onnx.numpy_helper.from_array(np.asarray(v.constant_value()), v.name)
+                    for v in inputs if v.is_constant and (v.numel() or 0) <= MAX_EVALUATED}
+            inferred = shape_inference.infer_node_outputs(
+                schema, proto, {v.name: value_info_proto(v).type for v in inputs}, data,
+                opset_imports=[onnx.helper.make_opsetid("", opset)])
+    except Exception:  # onnx cannot infer this node alone (or raises for it): it keeps what it has
+        return {}
+    found = {}
+    for value in node.outputs:
+        if value is not None and value.name in inferred:
+            _, shape, other = type_from_proto(inferred[value.name])
+            if other is None and shape is not None:
+                found[value] = shape
+    return found
+
+
+def _function_shapes(proto: onnx.NodeProto, inputs: list[Value], opset: int) -> dict[str, onnx.TypeProto]:
+    """onnx's inference of one call of a domain op, through its function body, in a model of that call alone."""
+    graph = onnx.helper.make_graph([proto], "call", [value_info_proto(v) for v in inputs],
+                                   [onnx.ValueInfoProto(name=name) for name in proto.output if name])
+    function = get_op(proto.op_type)
+    if function is None:
+        return {}
+    model = onnx.helper.make_model(graph, functions=[function.function(opset)], opset_imports=[
+        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION)])
+    inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    return {info.name: info.type for info in inferred.graph.output if info.type.HasField("tensor_type")}
 
 
 def _nameable_shape(shape: Shape | None) -> bool:

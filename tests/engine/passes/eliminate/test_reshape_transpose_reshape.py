@@ -99,3 +99,17 @@ def test_an_intermediate_read_elsewhere_stays(tmp_path):
                              extra_outputs=[vinfo("moved", shape=[6, 8, 17])])
     outcome = run(model, STEP, tmp_path, feeds=feeds((1, 6, 17, 8)))
     assert outcome.ops == ["Reshape", "Transpose", "Reshape"]
+
+
+def test_an_unsqueeze_transpose_squeeze_that_moves_whole_dims_is_one_transpose(tmp_path):
+    """nn.MultiheadAttention's unbind of its packed q, k, v at a dynamic batch (TorchScript writes it so):
+    Unsqueeze(0) -> Transpose(3, 1, 2, 0, 4) -> Squeeze(3) moves the unit axis in and out again."""
+    nodes = [make("Unsqueeze", ["x", "zero"], ["merged"]),
+             make("Transpose", ["merged"], ["moved"], perm=[3, 1, 2, 0, 4]),
+             make("Squeeze", ["moved", "three"], ["y"])]
+    model = make_model(nodes, [vinfo("x", shape=[5, "batch", 3, 768])], [vinfo("y", shape=[None] * 4)],
+                       [tensor("zero", np.array([0], np.int64)), tensor("three", np.array([3], np.int64))])
+    outcome = run(model, STEP, tmp_path, feeds=feeds((5, 2, 3, 768)), rtol=0, atol=0)
+    assert outcome.ops == ["Transpose"]
+    transpose = outcome.model.graph.nodes_of_type("Transpose")[0]
+    assert transpose.input(0).name == "x" and list(transpose.attr("perm")) == [2, 0, 1, 3]

@@ -18,7 +18,7 @@ leading one into dims of the same product; the intermediates read by nothing els
 
 Where that form does not hold, the three ops are read as one permutation of *atoms*: the coarsest dims
 that both x's shape and the first Reshape's split or merge into (a row-major Reshape only regroups
-consecutive atoms). The Transpose permutes the atoms in groups; where the second Reshape regroups the
+consecutive atoms; so do Squeeze, Unsqueeze and Flatten, which take a Reshape's place on either side). The Transpose permutes the atoms in groups; where the second Reshape regroups the
 permuted atoms, the whole is a Reshape of x into atoms, their Transpose and a Reshape into the result, of
 which the first and last drop out where they would change nothing. Applied only where that is fewer nodes.
 Dims may be names: ``12*batch`` is 12 atoms of ``batch``'s (the product names type inference gives), so
@@ -26,6 +26,8 @@ nn.MultiheadAttention's head split at a dynamic batch, sequence first,
 
     x:[5, batch, 768] -> Reshape(5, -1, 64) -> Transpose(1, 0, 2) -> Reshape(-1, 12, 5, 64) -> y
         becomes    x -> Reshape(5, 0, 12, 64) -> Transpose(1, 2, 0, 3) -> y
+    x:[5, batch, 3, 768] -> Unsqueeze(0) -> Transpose(3, 1, 2, 0, 4) -> Squeeze(3) -> y      (its packed q, k, v)
+        becomes    x -> Transpose(2, 0, 1, 3) -> y
 
 Preconditions: every dim of x, the merged and the result known as a number or a product of the model's names
 (not ``unk__N``); the atoms found by dividing dims in order (neither of two dims dividing the other: no atoms);
@@ -189,11 +191,19 @@ class AtomPlan:
     moved: list[Factor]
 
 
+#: Ops that only regroup a tensor's dims in row-major order: each a Reshape by another name.
+REGROUPING = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
 class AtomPermutation(Rule):
     name = "fuse_reshape_transpose_reshape_atoms"
 
     def build_pattern(self) -> Pattern:
-        return ReshapeTransposeReshape().build_pattern()
+        p = Pattern(self.name)
+        merged = p.op(REGROUPING, p.var("x"), key="merge", out="merged")
+        moved = p.Transpose(merged, key="transpose", out="moved")
+        p.op(REGROUPING, moved, key="split", out="y")
+        return p
 
     def check(self, ctx: PassContext, match: Match) -> AtomPlan | str:
         shapes = []
@@ -250,7 +260,9 @@ class AtomPermutation(Rule):
 
 @register_pass(name="fuse_reshape_transpose_reshape", kind=PassKind.PROGRAM, level=1,
                description="Reshape merging leading axes -> Transpose of the trailing ones -> Reshape splitting "
-                           "them again -> one Transpose (dynamo's batched matmul with a transposed operand)")
+                           "them again -> one Transpose (dynamo's batched matmul with a transposed operand); any "
+                           "Reshape / Squeeze / Unsqueeze / Flatten -> Transpose -> one of them -> fewer nodes "
+                           "where the three permute whole dims")
 def fuse_reshape_transpose_reshape(ctx: PassContext) -> PassResult:
     if ctx.opset() < 5:
         return PassResult()  # Reshape keeps its shape as an attribute before opset 5
