@@ -29,7 +29,8 @@ Two steps, in two environments:
   ``mirserve optimize MODEL -o OUT --json`` in a child process (one at a time, ``--timeout`` seconds each,
   default 300) under each configuration of ``CONFIGS``: the default places (``x86/fp32/nchw``), the arm, opencl
   and npu place sets of ``placement_exports.py``, ``--portable``, and ``--opt-level 1 --no-verify`` under
-  ``arm/fp16/nhwc,arm/fp32/nchw`` (host nodes at level 2 must not exceed level 1's, counted as
+  ``arm/fp16/nhwc,arm/fp32/nchw`` (and ``opencl_L1`` / ``npu_L1`` likewise under the opencl and npu
+  place sets; host nodes at level 2 must not exceed level 1's, counted as
   ``placement_exports.host_figures`` does). Records per run the exit status, the error's last line, whether it
   verified and the max abs diff, output nodes, wall seconds, host nodes and casts, and once per model the peers
   (onnxsim, onnxslim, onnxruntime basic and extended, through ``../shared/bench/peers.py`` under
@@ -427,7 +428,12 @@ CONFIGS = {
     "arm_L1": ["--places", "arm/fp16/nhwc,arm/fp32/nchw", "--opt-level", "1", "--no-verify"],
     "npu": ["--places", "npu/int8/nchw,arm/fp32/nchw"],
     "opencl": ["--places", "opencl/fp16/nchw,arm/fp32/nchw"],
+    # issue #12's level-1 twins of the opencl and npu place sets (host nodes only, as arm_L1)
+    "opencl_L1": ["--places", "opencl/fp16/nchw,arm/fp32/nchw", "--opt-level", "1", "--no-verify"],
+    "npu_L1": ["--places", "npu/int8/nchw,arm/fp32/nchw", "--opt-level", "1", "--no-verify"],
 }
+#: level-2 configuration -> its level-1 twin: host nodes at level 2 must not exceed level 1's
+LEVEL_PAIRS = {"arm": "arm_L1", "opencl": "opencl_L1", "npu": "npu_L1"}
 
 
 def _host_figures(summary: dict) -> dict:
@@ -550,9 +556,10 @@ def failures(results: dict) -> list[tuple[str, str, str]]:
                     if "by the placement plan" in warning:  # a choice the report explains, not a failure
                         continue
                     found.append((model, config, f"warning: {warning}"))
-        one, two = results.get(f"{model}|arm_L1"), results.get(f"{model}|arm")
-        if one and two and "host" in one and "host" in two and two["host"] > one["host"]:
-            found.append((model, "arm", f"host nodes at level 2 ({two['host']}) > level 1 ({one['host']})"))
+        for level_two, level_one in LEVEL_PAIRS.items():
+            one, two = results.get(f"{model}|{level_one}"), results.get(f"{model}|{level_two}")
+            if one and two and "host" in one and "host" in two and two["host"] > one["host"]:
+                found.append((model, level_two, f"host nodes at level 2 ({two['host']}) > level 1 ({one['host']})"))
         default = results.get(f"{model}|default") or {}
         if "nodes" in default:
             for peer in ("onnxsim", "ort_extended"):
@@ -567,7 +574,8 @@ def failures(results: dict) -> list[tuple[str, str, str]]:
 def table(results: dict) -> str:
     models = sorted({key.split("|")[0] for key in results})
     head = (f"{'export':42} {'in':>5} {'default':>10} {'s':>5} {'onnxsim':>7} {'slim':>5} {'ortB':>5} {'ortE':>5} "
-            f"{'arm':>10} {'arm s':>5} {'opencl':>10} {'npu':>10} {'portable':>10} {'hostL1':>6} {'hostL2':>6}")
+            f"{'arm':>10} {'arm s':>5} {'opencl':>10} {'npu':>10} {'portable':>10} {'hostL1':>6} {'hostL2':>6} "
+            f"{'oclL1':>5} {'oclL2':>5} {'npuL1':>5} {'npuL2':>5}")
     lines = [head]
     for model in models:
         get = lambda c: results.get(f"{model}|{c}")  # noqa: E731
@@ -580,7 +588,8 @@ def table(results: dict) -> str:
                      f"{p('ort_extended'):>5} {_cell(get('arm')):>10} {(get('arm') or {}).get('seconds', '-'):>5} "
                      f"{_cell(get('opencl')):>10} "
                      f"{_cell(get('npu')):>10} {_cell(get('portable')):>10} {host(get('arm_L1')):>6} "
-                     f"{host(get('arm')):>6}")
+                     f"{host(get('arm')):>6} {host(get('opencl_L1')):>5} {host(get('opencl')):>5} "
+                     f"{host(get('npu_L1')):>5} {host(get('npu')):>5}")
     return "\n".join(lines)
 
 

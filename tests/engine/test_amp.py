@@ -493,3 +493,20 @@ def test_the_fallback_steps_verify_candidates_written_for_verification(tmp_path,
     report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
     runs = report["precision_fallback"]["runs"]
     assert runs > 1 and calls.count(True) == runs
+
+
+def test_a_model_verified_by_regions_is_checked_after_the_fallback_as_its_search_checked_it(tmp_path, monkeypatch):
+    """The search verifies each build whole, comparing outputs (both models fit: ``amp_fits``); the build it
+    settles on is checked the same way. By regions, the check compared inner values the search never saw and
+    failed builds whose outputs verify (torchvision ViT-B/32, 353 MB, under ``opencl/fp16/nchw``)."""
+    from worker.engine import api
+
+    chunks = []
+    original = api.verify
+    monkeypatch.setattr(api, "verify_chunk_bytes", lambda *a: 1 << 10)  # a small model verified by regions
+    monkeypatch.setattr(api, "verify", lambda *a, **kw: chunks.append(kw.get("chunk_bytes")) or original(*a, **kw))
+    source = save_proto(softmax_over_large_logits(), tmp_path / "in.onnx")
+    report = optimize(source, tmp_path / "out.onnx", OptimizeOptions(places=PLACES))
+    runs = report["precision_fallback"]["runs"]
+    assert chunks[0] == 1 << 10 and chunks[1:] == [None] * runs + [0]  # regions first; whole after the fallback
+    assert report["verification"]["passed"] is True and report["verification"]["method"] == "whole model"
