@@ -73,6 +73,7 @@ CLEANUP: tuple[str, ...] = (
     "identity_scale_eliminate",
     "eliminate_flatten_after_innerproduct", "eliminate_flatten_after_global_pooling",
     "eliminate_reshape_before_binaryop", "fuse_reshape_transpose_reshape", "fuse_reshape_gemm_reshape",
+    "fuse_merged_heads_attention",
     "fuse_consecutive_transposes", "fuse_consecutive_reshapes", "fuse_consecutive_squeezes", "fuse_consecutive_slices", "fuse_consecutive_concats",
     "fuse_consecutive_reduce_unsqueeze", "eliminate_qdq_around_data_movement", "eliminate_relu_before_quantize",
     "eliminate_common_subexpression", "eliminate_duplicate_initializer", "eliminate_deadend",
