@@ -419,7 +419,9 @@ def export(name: str, exporter: str, path: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            shapes = ({i: torch.export.Dim(axis, min=2, max=1024 if axis != "batch" else 64)
+            # an image side from 32 (anti-aliased downsampling guards on a side of at least 15; the ONNX file
+            # names the dims, never their range)
+            shapes = ({i: torch.export.Dim(axis, min=2 if axis == "batch" else 32, max=1024 if axis != "batch" else 64)
                        for i, axis in axes.items()},) if dynamic else None
             program = torch.onnx.export(model, (image,), dynamo=True, input_names=["images"],
                                         output_names=["logits"], external_data=False, dynamic_shapes=shapes)
