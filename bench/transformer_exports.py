@@ -20,8 +20,8 @@ cos and sin are computed at run time. Files are named ``<model>.<exporter>.onnx`
 ``bench/out/transformers``, gitignored); an existing file is kept unless ``--force``.
 
 Run with the torch environment: ``/work/bench-env/venv/bin/python bench/transformer_exports.py [--only NAME]
-[--third | --fourth | --fifth | --sixth] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
-(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``; ``--fifth``: ``fifth_models``; ``--sixth``: ``sixth_models``). Prints one line per export:
+[--third | --fourth | --fifth | --sixth | --seventh] [--exporter dynamo|torchscript] [--size bench|tiny] [--out DIR] [--force] [--list]``
+(``--third``: the third sweep's batch alone, ``third_models``; ``--fourth``: ``fourth_models``; ``--fifth``: ``fifth_models``; ``--sixth``: ``sixth_models``; ``--seventh``: ``seventh_models``). Prints one line per export:
 its node count or why it failed (an export that fails is reported and the run goes on; the exit status is 1
 if any failed).
 """
@@ -75,7 +75,8 @@ class Export:
     #: channels), "embeds" (inputs: 1 x 16 x d_model floats, a model without an input preprocessor),
     #: "encoder" (an encoder-decoder model's encoder alone), "seq2seq" (the whole encoder-decoder:
     #: input_ids, attention_mask, decoder_input_ids), "speech_seq2seq" (input_features 1x32x80, attention_mask,
-    #: decoder_input_ids) or "codec" (input_values: 1x1x640 raw audio).
+    #: decoder_input_ids), "codec" (input_values: 1x1x640 raw audio), "spectrogram" (input_values: batch x
+    #: frames x mel bins, AST) or "audio_seq2seq" (input_features batch x mel x frames, decoder_input_ids: Whisper).
     inputs: str = "text"
     #: The transformers attention implementation: "eager" (the arithmetic written out) or "sdpa".
     attention: str = "eager"
@@ -527,9 +528,106 @@ def sixth_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
     }
 
 
+def seventh_models(size: Size = SIZES["bench"]) -> dict[str, Export]:
+    """The seventh sweep's batch (2026-12-02): whole encoder-decoders with their decoder (BART at a dynamic batch,
+    encoder and decoder lengths apart, Marian, Whisper from mel features), detection transformers past DETR
+    (conditional queries, multi-scale deformable attention with grid_sample, RT-DETR's hybrid encoder and
+    query selection, Table Transformer), a segmentation head over a backbone's pyramid (UperNet), grouping
+    tokens with hard assignment (GroupViT), BLIP's image tower, an audio spectrogram transformer (AST), speech
+    encoders with a quantizer-free UniSpeech and SEW-D's disentangled attention, and text models with sinusoidal
+    positions computed at run time (XGLM at a dynamic length, CTRL), decoupled embeddings (RemBERT), pre-norm BERT
+    (Megatron), multi-resolution attention (MRA), entity-aware attention (LUKE), integer-only BERT in float mode
+    (I-BERT) and ERNIE."""
+    hidden, layers, heads, inter, vocab = size.hidden, size.layers, size.heads, size.intermediate, size.vocab
+    bert_like, llama_like, vit_like = _families(size)
+    seq2seq = {"vocab_size": vocab, "d_model": hidden, "encoder_layers": layers, "decoder_layers": layers,
+               "encoder_attention_heads": heads, "decoder_attention_heads": heads, "encoder_ffn_dim": inter,
+               "decoder_ffn_dim": inter, "max_position_embeddings": 64, "use_cache": False}
+    wav2vec2 = {"vocab_size": 32, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                "intermediate_size": inter, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2),
+                "conv_kernel": (10, 3, 3), "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}
+    resnet = {"model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 32], "depths": [1, 1],
+              "layer_type": "basic"}
+    detr_like = {"use_timm_backbone": False, "use_pretrained_backbone": False,
+                 "backbone_config": {**resnet, "out_features": ["stage2"]}, "d_model": hidden,
+                 "encoder_layers": layers, "decoder_layers": layers, "encoder_attention_heads": heads,
+                 "decoder_attention_heads": heads, "encoder_ffn_dim": inter, "decoder_ffn_dim": inter,
+                 "num_queries": 10}
+    marian = {**seq2seq, "pad_token_id": 1, "decoder_start_token_id": 1}
+    return {
+        "bart": Export("BartConfig", "BartModel", seq2seq, inputs="seq2seq"),
+        "bart_dynamic": Export("BartConfig", "BartModel", seq2seq, inputs="seq2seq", dynamic=True),
+        "marian_dynamic": Export("MarianConfig", "MarianModel", marian, inputs="seq2seq", dynamic=True),
+        "whisper": Export("WhisperConfig", "WhisperModel",
+                          {**seq2seq, "num_mel_bins": 80, "max_source_positions": 16, "max_target_positions": 16,
+                           "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0, "decoder_start_token_id": 1},
+                          inputs="audio_seq2seq"),
+        "conditional_detr": Export("ConditionalDetrConfig", "ConditionalDetrModel", detr_like, inputs="image",
+                                   image_size=64),
+        "table_transformer": Export("TableTransformerConfig", "TableTransformerModel", detr_like, inputs="image",
+                                    image_size=64),
+        "deformable_detr": Export("DeformableDetrConfig", "DeformableDetrModel",
+                                  {**detr_like, "backbone_config": {**resnet, "out_features": ["stage1", "stage2"]},
+                                   "num_feature_levels": 2, "encoder_n_points": 2, "decoder_n_points": 2,
+                                   "two_stage": False, "with_box_refine": False},
+                                  inputs="image", image_size=64),
+        "rt_detr": Export("RTDetrConfig", "RTDetrModel",
+                          {"use_timm_backbone": False, "use_pretrained_backbone": False,
+                           "backbone_config": {"model_type": "rt_detr_resnet", "embedding_size": 16,
+                                               "hidden_sizes": [16, 32, 48], "depths": [1, 1, 1],
+                                               "layer_type": "basic", "out_features": ["stage1", "stage2", "stage3"]},
+                           "encoder_in_channels": [16, 32, 48], "feat_strides": [4, 8, 16], "encode_proj_layers": [2],
+                           "d_model": hidden, "encoder_hidden_dim": hidden, "encoder_ffn_dim": inter,
+                           "encoder_attention_heads": heads, "encoder_layers": 1, "decoder_layers": layers,
+                           "decoder_attention_heads": heads, "decoder_ffn_dim": inter, "decoder_in_channels":
+                           [hidden] * 3, "num_queries": 10, "decoder_n_points": 2, "num_feature_levels": 3,
+                           "anchor_image_size": None, "num_denoising": 0},
+                          inputs="image", image_size=64),
+        "upernet": Export("UperNetConfig", "UperNetForSemanticSegmentation",
+                          {"backbone_config": {"model_type": "convnext", "hidden_sizes": [16, 32, 48, 64],
+                                               "depths": [1, 1, 1, 1],
+                                               "out_features": ["stage1", "stage2", "stage3", "stage4"]},
+                           "hidden_size": 32, "use_auxiliary_head": False, "num_labels": 5},
+                          inputs="image", image_size=64, output="logits"),
+        "groupvit_vision": Export("GroupViTVisionConfig", "GroupViTVisionModel",
+                                  {"hidden_size": hidden, "intermediate_size": inter, "num_attention_heads": heads,
+                                   "depths": [1, 1, 1], "num_group_tokens": [8, 4, 0],
+                                   "num_output_groups": [8, 4, 4], "image_size": 32, "patch_size": 8},
+                                  inputs="image"),
+        "blip_vision": Export("BlipVisionConfig", "BlipVisionModel", vit_like, inputs="image"),
+        "ast": Export("ASTConfig", "ASTModel",
+                      {**{k: v for k, v in vit_like.items() if k not in ("image_size",)}, "patch_size": 8,
+                       "frequency_stride": 8, "time_stride": 8, "max_length": 32, "num_mel_bins": 32},
+                      inputs="spectrogram"),
+        "unispeech_dynamic": Export("UniSpeechConfig", "UniSpeechModel", wav2vec2, inputs="waveform", dynamic=True),
+        "sew_d": Export("SEWDConfig", "SEWDModel",
+                        {**wav2vec2, "squeeze_factor": 2, "max_position_embeddings": 64, "position_buckets": 16,
+                         "share_att_key": True, "relative_attention": True, "pos_att_type": ("p2c", "c2p")},
+                        inputs="waveform"),
+        "xglm_dynamic": Export("XGLMConfig", "XGLMModel",
+                               {"vocab_size": vocab, "d_model": hidden, "num_layers": layers, "attention_heads": heads,
+                                "ffn_dim": inter, "max_position_embeddings": 64, "use_cache": False,
+                                "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}, inputs="decoder",
+                               dynamic=True),
+        "ctrl": Export("CTRLConfig", "CTRLModel",
+                       {"vocab_size": vocab, "n_embd": hidden, "n_layer": layers, "n_head": heads, "dff": inter,
+                        "n_positions": 64, "use_cache": False}, inputs="decoder"),
+        "rembert_dynamic": Export("RemBertConfig", "RemBertModel",
+                                  {**bert_like, "input_embedding_size": hidden // 2,
+                                   "output_embedding_size": hidden, "pad_token_id": 0}, dynamic=True),
+        "megatron_bert_dynamic": Export("MegatronBertConfig", "MegatronBertModel", bert_like, dynamic=True),
+        "ernie": Export("ErnieConfig", "ErnieModel", {**bert_like, "use_task_id": False}),
+        "mra": Export("MraConfig", "MraModel", {**bert_like, "block_per_row": 2, "approx_mode": "full",
+                                                "max_position_embeddings": 64 + 2, "pad_token_id": 1}),
+        "luke": Export("LukeConfig", "LukeModel", {**bert_like, "entity_vocab_size": 16, "entity_emb_size": 32,
+                                                   "pad_token_id": 1}),
+        "ibert": Export("IBertConfig", "IBertModel", {**bert_like, "quant_mode": False, "pad_token_id": 1}),
+    }
+
+
 def every_model(size: Size = SIZES["bench"]) -> dict[str, Export]:
     return {**models(size), **dynamic_models(size), **third_models(size), **fourth_models(size),
-            **fifth_models(size), **sixth_models(size)}
+            **fifth_models(size), **sixth_models(size), **seventh_models(size)}
 
 
 MODELS = every_model()
@@ -577,6 +675,14 @@ def build(name: str, size: Size = SIZES["bench"]):
         return model, {"input_features": torch.randn(1, 32, config.input_feat_per_channel, generator=generator),
                        "attention_mask": torch.ones(1, 32, dtype=torch.int64),
                        "decoder_input_ids": torch.randint(3, size.vocab, (1, SEQUENCE // 2), generator=generator)}
+    if spec.inputs == "spectrogram":  # AST: (batch, frames, mel bins) log-mel features
+        return model, {"input_values": torch.randn(batch, config.max_length, config.num_mel_bins,
+                                                   generator=generator)}
+    if spec.inputs == "audio_seq2seq":  # Whisper whole: mel features in, the decoder's last hidden state out
+        frames = 2 * config.max_source_positions
+        return model, {"input_features": torch.rand(batch, config.num_mel_bins, frames, generator=generator),
+                       "decoder_input_ids": torch.randint(3, size.vocab, (batch, SEQUENCE // 2),
+                                                          generator=generator)}
     if spec.inputs == "audio":
         frames = 2 * config.max_source_positions  # the encoder's two convolutions halve the frames
         return model, {"input_features": torch.rand(batch, config.num_mel_bins, frames, generator=generator)}
@@ -633,6 +739,9 @@ def _dynamic_axes(spec: Export, names: list[str]) -> dict | None:
     if spec.inputs == "waveform":
         return {**{key: {0: "batch", 1: "samples"} for key in names}, "last_hidden_state": {0: "batch", 1: "frames"}}
     axes = {key: {0: "batch", 1: "sequence"} for key in names}
+    if spec.inputs == "seq2seq":  # the decoder's length is its own; the output is the decoder's
+        axes["decoder_input_ids"] = {0: "batch", 1: "decoder_sequence"}
+        return {**axes, "last_hidden_state": {0: "batch", 1: "decoder_sequence"}}
     if spec.past:
         axes["attention_mask"] = {0: "batch", 1: "positions"}
         for key in names:
@@ -661,6 +770,7 @@ def export(name: str, exporter: str, path: Path, size: Size = SIZES["bench"]) ->
             # torch.export wants dims, given per argument (the wrapper's one *args parameter); a dim it relates
             # to others (the mask's positions = sequence + past) is left for it to work out (Dim.AUTO)
             named = {"batch": torch.export.Dim("batch", max=64), "sequence": torch.export.Dim("sequence", max=64),
+                     "decoder_sequence": torch.export.Dim("decoder_sequence", max=64),
                      "samples": torch.export.Dim("samples", min=400, max=16000)}
             shapes = (tuple({i: named.get(axis, torch.export.Dim.AUTO) for i, axis in axes[key].items()}
                             for key in inputs),) if axes else None
@@ -688,6 +798,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fourth", action="store_true", help="only the fourth sweep's batch (fourth_models)")
     parser.add_argument("--fifth", action="store_true", help="only the fifth sweep's batch (fifth_models)")
     parser.add_argument("--sixth", action="store_true", help="only the sixth sweep's batch (sixth_models)")
+    parser.add_argument("--seventh", action="store_true", help="only the seventh sweep's batch (seventh_models)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--size", choices=list(SIZES), default="bench",
                         help="bench: 2 layers, hidden 64 (default); tiny: the committed test fixtures")
@@ -699,7 +810,7 @@ def main(argv=None) -> int:
         return 0
     failed = False
     batch = (third_models() if args.third else fourth_models() if args.fourth else fifth_models() if args.fifth
-             else sixth_models() if args.sixth else MODELS)
+             else sixth_models() if args.sixth else seventh_models() if args.seventh else MODELS)
     for name in args.only or batch:
         for exporter in args.exporter or EXPORTERS:
             path = args.out / f"{name}.{exporter}.onnx"

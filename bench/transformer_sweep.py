@@ -5,7 +5,7 @@ in ``--out``/sweep.json so an interrupted sweep resumes; ``vision_exports.report
 
 Run with the project's environment, after exporting with the torch one:
 
-    .venv/bin/python bench/transformer_sweep.py [--only NAME ...] [--third | --fourth | --fifth | --sixth] [--exporter dynamo|torchscript] [--config NAME ...]
+    .venv/bin/python bench/transformer_sweep.py [--only NAME ...] [--third | --fourth | --fifth | --sixth | --seventh] [--exporter dynamo|torchscript] [--config NAME ...]
         [--exports DIR] [--out DIR] [--force] [--no-peers] [--timeout S] [--mirserve-tree DIR]
     .venv/bin/python bench/transformer_sweep.py --table [--out DIR]
 
@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vision_exports  # noqa: E402
-from transformer_exports import EXPORTERS, MODELS, OUT, fifth_models, fourth_models, sixth_models, third_models  # noqa: E402  (imports no torch)
+from transformer_exports import (EXPORTERS, MODELS, OUT, fifth_models, fourth_models, seventh_models,  # noqa: E402
+                                 sixth_models, third_models)  # (imports no torch)
 
 REPO = vision_exports.REPO
 
@@ -34,6 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fourth", action="store_true", help="only the fourth sweep's batch (fourth_models)")
     parser.add_argument("--fifth", action="store_true", help="only the fifth sweep's batch (fifth_models)")
     parser.add_argument("--sixth", action="store_true", help="only the sixth sweep's batch (sixth_models)")
+    parser.add_argument("--seventh", action="store_true", help="only the seventh sweep's batch (seventh_models)")
     parser.add_argument("--config", action="append", choices=list(vision_exports.CONFIGS),
                         help="only this configuration")
     parser.add_argument("--exports", type=Path, default=OUT, help="the directory of the exports")
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table:
         batch = (third_models() if args.third else fourth_models() if args.fourth else fifth_models() if args.fifth
-                 else sixth_models() if args.sixth else MODELS)
+                 else sixth_models() if args.sixth else seventh_models() if args.seventh else MODELS)
         names = args.only or list(batch)
         exporters = args.exporter or list(EXPORTERS)
         models = [path for name in names for exporter in exporters

@@ -20,7 +20,7 @@ Two steps, in two environments:
   ``image_size`` / ``img_size``; r3d_18 a 1x3x8x32x32 clip), so the whole sweep stays quick. nn.MultiheadAttention's
   inference fast path is turned off (the TorchScript exporter has no symbolic for it). Files are named
   ``<model>.<exporter>.onnx`` in ``--out`` (default ``bench/out/vision``, gitignored; ``--third``: the third
-  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``; ``--fifth``: ``FIFTH``; ``--sixth``: ``SIXTH``); an existing
+  batch alone, ``THIRD``, with dynamic-axes exports traced at batch 2; ``--fourth``: ``FOURTH``; ``--fifth``: ``FIFTH``; ``--sixth``: ``SIXTH``; ``--seventh``: ``SEVENTH``); an existing
   file is kept
   unless ``--force``. Prints one line per export: its node count or the exporter's one-line reason for
   failing (the run goes on; exit status 1 if any failed).
@@ -41,9 +41,9 @@ Two steps, in two environments:
   nodes than onnxsim or ort-extended at default, warnings of passes that failed soft); exit status 1 when any.
 
 Usage:
-    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth | --fifth | --sixth]
+    /work/bench-env/venv/bin/python bench/vision_exports.py export [--only NAME ...] [--third | --fourth | --fifth | --sixth | --seventh]
         [--exporter dynamo|torchscript|functions] [--out DIR] [--force] [--list]
-    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth | --fifth | --sixth] [--exporter ...] [--config NAME ...]
+    .venv/bin/python bench/vision_exports.py sweep [--only NAME ...] [--third | --fourth | --fifth | --sixth | --seventh] [--exporter ...] [--config NAME ...]
         [--out DIR]
         [--force] [--no-peers] [--timeout S] [--peers-python PY] [--mirserve-tree DIR]
     .venv/bin/python bench/vision_exports.py table [--out DIR]     # the table and failures of sweep.json only
@@ -85,7 +85,7 @@ class Arch:
     #: how the model is wrapped to one image in, one tensor out: "" none; "out" its dict's "out" (segmentation);
     #: "pair" a 1x6xHxW input split into two images, the last flow returned (RAFT, 3 updates); "detect" the
     #: image batch as a list, the first image's boxes, scores and labels returned; "keypoints" as "detect" with
-    #: the keypoints too; "reparam" timm's reparameterize_model (train-time branches merged, as deployed)
+    #: the keypoints too; "mask" as "detect" with the masks too; "reparam" timm's reparameterize_model (train-time branches merged, as deployed)
     wrap: str = ""
     #: exported with a dynamic batch and image size (dynamic_axes / dynamic_shapes), traced at batch 2 (a
     #: ViT's batch alone, unless "hw": batch, height and width for every model)
@@ -317,6 +317,31 @@ SIXTH: dict[str, Arch] = {
 MODELS.update(SIXTH)
 
 
+#: the seventh batch (2026-12-02): anti-aliased and blur-pooled downsampling, global-context and quad
+#: (ByobNet) blocks, deep layer aggregation's trees, HRNet-v2's multi-resolution fusion, 2-D rotary ViTs and
+#: register tokens with average pooling, BEiT-v2, CoAtNet with a relative-position MLP, RepGhost as deployed,
+#: Mask R-CNN's mask head, and more CNNs at a dynamic batch and image size; `--seventh`
+SEVENTH: dict[str, Arch] = {
+    "timm_resnetaa50d_dynamic": _timm("resnetaa50d", (2, 3, 64, 64), dynamic=True),  # anti-aliased (blur) pool
+    "timm_resnetblur18": _timm("resnetblur18"),  # BlurPool: a fixed depthwise binomial filter, stride 2
+    "timm_gcresnet33ts": _timm("gcresnet33ts"),  # global context blocks (attention pooling + channel MLP)
+    "timm_resnet51q": _timm("resnet51q"),  # ByobNet quad bottlenecks, SiLU, grouped convs
+    "timm_dla46x_c": _timm("dla46x_c"),  # deep layer aggregation: iterative / hierarchical trees
+    "timm_hrnet_w18_small_v2": _timm("hrnet_w18_small_v2"),  # parallel resolutions, nearest upsample fusion
+    "timm_vit_small_rope": _timm("vit_small_patch16_rope_224", img_size=64, depth=2),  # 2-D axial rotary
+    "timm_vit_little_reg_gap": _timm("vit_little_patch16_reg1_gap_256", img_size=64, depth=2),  # register, GAP
+    "timm_beitv2_base": _timm("beitv2_base_patch16_224", img_size=64, depth=2),  # BEiT-v2: rel. pos bias, gamma
+    "timm_coatnet_rmlp_nano": _timm("coatnet_rmlp_nano_rw_224", img_size=64),  # rel. position MLP bias
+    "timm_repghostnet_050_reparam": _timm("repghostnet_050", wrap="reparam"),  # RepGhost as deployed
+    "timm_cspresnext50_dynamic": _timm("cspresnext50", (2, 3, 64, 64), dynamic=True),
+    "timm_ghostnet_100_dynamic": _timm("ghostnet_100", (2, 3, 64, 64), dynamic=True),  # ghost slice at dyn. size
+    "tv_densenet121_dynamic": _tv("densenet121", (2, 3, 64, 64), dynamic=True),  # concat growth, dynamic H/W
+    "tv_maskrcnn_resnet50_fpn": _tv("detection.maskrcnn_resnet50_fpn", (1, 3, 128, 128), wrap="mask",
+                                    weights_backbone=None, min_size=128, max_size=128),  # RoIAlign, mask paste
+}
+MODELS.update(SEVENTH)
+
+
 # --- export (torch environment) -------------------------------------------------------------------------
 def build(name: str):
     """The model in eval mode, random weights, BatchNorm statistics off their defaults, and its input."""
@@ -369,8 +394,10 @@ def _Wrapped(model, how: str):
                 return self.model(images)["out"]
             if how == "pair":
                 return self.model(images[:, :3], images[:, 3:], num_flow_updates=3)[-1]
-            if how in ("detect", "keypoints"):
+            if how in ("detect", "keypoints", "mask"):
                 found = self.model(list(images))[0]
+                if how == "mask":
+                    return found["boxes"], found["scores"], found["labels"], found["masks"]
                 if how == "keypoints":
                     return found["boxes"], found["scores"], found["labels"], found["keypoints"]
                 return found["boxes"], found["scores"], found["labels"]
@@ -393,7 +420,9 @@ def export(name: str, exporter: str, path: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
-            shapes = ({i: torch.export.Dim(axis, min=2, max=1024 if axis != "batch" else 64)
+            # an image side from 32 (anti-aliased downsampling guards on a side of at least 15; the ONNX file
+            # names the dims, never their range)
+            shapes = ({i: torch.export.Dim(axis, min=2 if axis == "batch" else 32, max=1024 if axis != "batch" else 64)
                        for i, axis in axes.items()},) if dynamic else None
             program = torch.onnx.export(model, (image,), dynamo=True, input_names=["images"],
                                         output_names=["logits"], external_data=False, dynamic_shapes=shapes)
@@ -611,6 +640,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fourth", action="store_true", help="only the fourth batch (FOURTH)")
     parser.add_argument("--fifth", action="store_true", help="only the fifth batch (FIFTH)")
     parser.add_argument("--sixth", action="store_true", help="only the sixth batch (SIXTH)")
+    parser.add_argument("--seventh", action="store_true", help="only the seventh batch (SEVENTH)")
     parser.add_argument("--exporter", action="append", choices=EXPORTERS + EXTRA_EXPORTERS,
                         help="only this exporter")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="sweep: only this configuration")
@@ -629,7 +659,7 @@ def main(argv=None) -> int:
         print("\n".join(f"{name}: {spec.library} {spec.builder} {spec.shape}" for name, spec in MODELS.items()))
         return 0
     batch = (THIRD if args.third else FOURTH if args.fourth else FIFTH if args.fifth
-             else SIXTH if args.sixth else MODELS)
+             else SIXTH if args.sixth else SEVENTH if args.seventh else MODELS)
     names, exporters = args.only or list(batch), args.exporter or list(EXPORTERS)
     if args.step == "export":
         return export_all(names, exporters, args.out, args.force)

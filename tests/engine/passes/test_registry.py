@@ -87,4 +87,4 @@ def test_cleanup_passes_are_listed_in_pipeline_order():
         info = listed[name]
         assert (info["kind"], info["level"], info["portable"]) == ("program", 1, True), name
         assert info["description"] and "\n" not in info["description"]
-    assert len(set(CLEANUP)) == len(CLEANUP) == 40
+    assert len(set(CLEANUP)) == len(CLEANUP) == 42

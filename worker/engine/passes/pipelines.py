@@ -65,7 +65,7 @@ SUPPORT: tuple[str, ...] = ("support_check",)
 #: removal last, to clean up after everything before them.
 CLEANUP: tuple[str, ...] = (
     "remove_initializer_from_input", "constant_to_initializer", "eliminate_if_with_const_cond",
-    "eliminate_shape_op", "constant_folding", "quantize_weight_fold",
+    "eliminate_shape_op", "eliminate_duplicate_dim_read", "constant_folding", "quantize_weight_fold",
     "eliminate_identity", "identity_dropout_eliminate", "eliminate_nop_cast", "eliminate_nop_reshape",
     "eliminate_nop_transpose", "eliminate_nop_pad", "eliminate_nop_slice", "eliminate_nop_expand",
     "eliminate_nop_where", "eliminate_nop_concat", "eliminate_nop_split", "eliminate_full_gather",
@@ -73,6 +73,7 @@ CLEANUP: tuple[str, ...] = (
     "identity_scale_eliminate",
     "eliminate_flatten_after_innerproduct", "eliminate_flatten_after_global_pooling",
     "eliminate_reshape_before_binaryop", "fuse_reshape_transpose_reshape", "fuse_reshape_gemm_reshape",
+    "fuse_merged_heads_attention",
     "fuse_consecutive_transposes", "fuse_consecutive_reshapes", "fuse_consecutive_squeezes", "fuse_consecutive_slices", "fuse_consecutive_concats",
     "fuse_consecutive_reduce_unsqueeze", "eliminate_qdq_around_data_movement", "eliminate_relu_before_quantize",
     "eliminate_common_subexpression", "eliminate_duplicate_initializer", "eliminate_deadend",

@@ -1,7 +1,7 @@
 """identity_scale_eliminate: x*1, 1*x, x/1, x+0, 0+x, x-0 go; 1/x, 0-x, broadcasting constants stay."""
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from tests.conftest import make_model, tensor, vinfo
 from tests.engine.passes.fold.harness import run
@@ -29,6 +29,27 @@ def test_neutral_constants_are_removed(tmp_path, op, constant, first):
                                                  ("Add", [0.0, 0.0, 0.5], False)])
 def test_other_constants_stay(tmp_path, op, constant, first):
     outcome = run(scale_model(op, constant, first), STEP, tmp_path)
+    assert op in outcome.ops
+
+
+def boolean_model(op, constant, out_shape=(2, 3)):
+    """Not(Greater(x, 0)) op constant -> Not, the mask arithmetic of a TorchScript transformers export."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["a"]), helper.make_node(op, ["k", "a"], ["b"]),
+             helper.make_node("Not", ["b"], ["y"])]
+    return make_model(nodes, [vinfo("x", shape=[2, 3])], [vinfo("y", TensorProto.BOOL, list(out_shape))],
+                      [tensor("k", np.asarray(constant, bool)), tensor("zero", np.float32(0))])
+
+
+@pytest.mark.parametrize("op, constant", [("And", True), ("And", [[True]]), ("Or", [False, False, False])])
+def test_and_with_true_and_or_with_false_are_removed(tmp_path, op, constant):
+    outcome = run(boolean_model(op, constant), STEP, tmp_path)
+    assert outcome.ops == ["Greater", "Not"]
+
+
+@pytest.mark.parametrize("op, constant, out_shape", [("And", [True, False, True], (2, 3)), ("Or", True, (2, 3)),
+                                                     ("And", [[[True]]], (1, 2, 3))])
+def test_and_or_with_other_constants_or_a_larger_shape_stay(tmp_path, op, constant, out_shape):
+    outcome = run(boolean_model(op, constant, out_shape), STEP, tmp_path)
     assert op in outcome.ops
 
 

@@ -18,16 +18,16 @@ def reduce_mean(x, out, axes, opset, name):
     return helper.make_node("ReduceMean", [x], [out], name=name, axes=axes)
 
 
-def chain(*, opset=17, square="pow", affine="full", axes=(-1,), var_axes=None, x_shape=(2, 3, 8)):
+def chain(*, opset=17, square="pow", affine="full", axes=(-1,), var_axes=None, x_shape=(2, 3, 8), eps=True):
     nodes = [reduce_mean("x", "mean", list(axes), opset, "mean_op"),
              helper.make_node("Sub", ["x", "mean"], ["d"]),
              helper.make_node("Pow", ["d", "two"], ["sq"]) if square == "pow" else
              helper.make_node("Mul", ["d", "d"], ["sq"]),
              reduce_mean("sq", "var", list(var_axes or axes), opset, "var_op"),
-             helper.make_node("Add", ["var", "eps"], ["ve"]),
-             helper.make_node("Sqrt", ["ve"], ["std"]),
+             *([helper.make_node("Add", ["var", "eps"], ["ve"])] if eps else []),
+             helper.make_node("Sqrt", ["ve" if eps else "var"], ["std"]),
              helper.make_node("Div", ["d", "std"], ["n" if affine != "none" else "y"], name="div")]
-    inits = [tensor("eps", np.float32(1e-3))] + ([tensor("two", np.float32(2))] if square == "pow" else [])
+    inits = [tensor("eps", np.float32(1e-3))] * eps + ([tensor("two", np.float32(2))] if square == "pow" else [])
     if opset >= 18:
         inits += [tensor("mean_op_axes", np.array(axes, np.int64)),
                   tensor("var_op_axes", np.array(var_axes or axes, np.int64))]
@@ -51,6 +51,13 @@ def test_chain_becomes_layer_normalization(tmp_path, opset, square, affine):
     node = out.node("LayerNormalization")
     assert node.attr("axis") == 2 and node.attr("epsilon") == pytest.approx(1e-3)
     assert len(out.model.graph.initializers) == {"full": 2, "scale": 1, "none": 1}[affine]
+
+
+@pytest.mark.parametrize("affine", ["full", "none"])
+def test_chain_without_epsilon_is_the_op_with_epsilon_0(tmp_path, affine):
+    # I-BERT's float layer norm as the dynamo exporter writes it: Sqrt of the variance, no epsilon added
+    out = optimize(tmp_path, chain(affine=affine, eps=False), [PASS])
+    assert out.ops == ["LayerNormalization"] and out.node("LayerNormalization").attr("epsilon") == 0.0
 
 
 def test_two_trailing_axes(tmp_path):

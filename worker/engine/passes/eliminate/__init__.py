@@ -32,6 +32,7 @@ from worker.engine.passes.eliminate import (  # noqa: F401  (registration)
     fuse_consecutive_slices,
     fuse_consecutive_squeezes,
     fuse_consecutive_transposes,
+    fuse_merged_heads_attention,
     fuse_reshape_gemm_reshape,
     fuse_reshape_transpose_reshape,
     identity_dropout_eliminate,

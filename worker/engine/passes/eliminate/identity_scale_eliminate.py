@@ -1,10 +1,13 @@
-"""identity_scale_eliminate: multiplying or dividing by one, adding or subtracting zero, is removed.
+"""identity_scale_eliminate: multiplying or dividing by one, adding or subtracting zero, is removed; so is
+the boolean And with true and Or with false.
 
-    x -> Mul(x, 1) -> y    becomes    x        (also 1 * x, x / 1, x + 0, 0 + x, x - 0)
+    x -> Mul(x, 1) -> y    becomes    x        (also 1 * x, x / 1, x + 0, 0 + x, x - 0, And(x, true), Or(x, false))
 
 (Paddle-Lite's identity_scale_eliminate and elementwise_mul_constant_eliminate.) The constant must be all
 ones (or zeros), of the input's element type, and broadcast into the input's shape without enlarging it, so
-the output has the input's shape. Exact up to the sign of zero (-0 + 0 is +0).
+the output has the input's shape. Exact up to the sign of zero (-0 + 0 is +0). The transformers library's
+masks start from a tensor of true (``torch.ones(..., dtype=bool)``) and And every condition into it, which
+TorchScript keeps as a constant once folded.
 
     x:[.., m, 1] -> MatMul(x, ones[.., 1, 1]) -> y    becomes    x    (also MatMul(ones[.., 1, 1], x:[.., 1, n]))
 
@@ -23,8 +26,9 @@ from worker.engine.passes.support.shapes import same_dim, same_shape
 from worker.engine.passes.registry import register_pass
 from worker.engine.pattern import Match, Pattern, Rule, apply_rules
 
-#: op -> its neutral element (the data may be either operand of Mul and Add, only the first of Div and Sub).
-NEUTRAL = {"Mul": 1, "Add": 0, "Div": 1, "Sub": 0}
+#: op -> its neutral element (the data may be either operand of Mul, Add, And and Or, only the first of Div
+#: and Sub).
+NEUTRAL = {"Mul": 1, "Add": 0, "Div": 1, "Sub": 0, "And": True, "Or": False}
 
 
 def is_all(data: np.ndarray, neutral: int) -> bool:
@@ -96,7 +100,8 @@ class MatMulByOneRule(Rule):
 
 
 @register_pass(name="identity_scale_eliminate", peer="Paddle-Lite", kind=PassKind.PROGRAM, level=1,
-               description="remove multiply/divide by one (a MatMul by a 1x1 one too) and add/subtract zero")
+               description="remove multiply/divide by one (a MatMul by a 1x1 one too), add/subtract zero, "
+                           "And with true and Or with false")
 def identity_scale_eliminate(ctx: PassContext) -> PassResult:
-    return apply_rules(ctx, [IdentityScaleRule(("Mul", "Add"), commutative=True),
+    return apply_rules(ctx, [IdentityScaleRule(("Mul", "Add", "And", "Or"), commutative=True),
                              IdentityScaleRule(("Div", "Sub"), commutative=False), MatMulByOneRule()])

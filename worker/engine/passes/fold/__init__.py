@@ -5,6 +5,7 @@ from worker.engine.passes.fold import (  # noqa: F401  (registration)
     constant_to_initializer,
     eliminate_common_subexpression,
     eliminate_deadend,
+    eliminate_duplicate_dim_read,
     eliminate_duplicate_initializer,
     eliminate_if_with_const_cond,
     eliminate_shape_op,

@@ -1,8 +1,11 @@
 """layer_norm_fuse: LayerNormalization written out as reductions becomes the LayerNormalization op (opset 17+).
 
     d = x - ReduceMean(x, axes)                      (axes: the trailing dims, keepdims=1)
-    y = d / Sqrt(ReduceMean(d ^ 2, axes) + eps)      (d ^ 2 as Pow(d, 2) or Mul(d, d))
+    y = d / Sqrt(ReduceMean(d ^ 2, axes) [+ eps])    (d ^ 2 as Pow(d, 2) or Mul(d, d))
         [* gamma] [+ beta]                          ->  LayerNormalization(x, gamma, beta, axis, epsilon=eps)
+
+A chain without the epsilon is the op with epsilon 0 (I-BERT's float layer norm adds its 1e-12 in Python,
+which the dynamo exporter drops): the same division by the root of the variance.
 
 The exporters of older frameworks (and torch before opset 17) emit this chain; onnxruntime basic fuses it too.
 Refused before opset 17, when the two reductions differ or do not cover a trailing block of dims, when eps
@@ -24,19 +27,21 @@ AFFINE = ("full", "scale", "none")
 
 
 class LayerNormChain(Rule):
-    pattern_args = ("square", "affine")
+    pattern_args = ("square", "affine", "has_eps")
 
-    def __init__(self, square: str, affine: str):
+    def __init__(self, square: str, affine: str, has_eps: bool = True):
         super().__init__()
-        self.square, self.affine = square, affine
-        self.name = f"layer_norm_{square}_{affine}"
+        self.square, self.affine, self.has_eps = square, affine, has_eps
+        self.name = f"layer_norm_{square}_{affine}{'' if has_eps else '_without_eps'}"
 
     def build_pattern(self) -> Pattern:
         p = Pattern(self.name)
         x = p.var("x")
         d = p.Sub(x, p.ReduceMean(x, key="mean_op"), key="sub")
         square = p.Pow(d, p.var("two"), key="square_op") if self.square == "pow" else p.Mul(d, d, key="square_op")
-        variance = p.Add(p.ReduceMean(square, key="var_op"), p.var("eps"), key="add_eps", commutative=True)
+        variance = p.ReduceMean(square, key="var_op")
+        if self.has_eps:
+            variance = p.Add(variance, p.var("eps"), key="add_eps", commutative=True)
         std = p.Sqrt(variance, key="sqrt")
         if self.affine == "none":
             p.Div(d, std, key="div", out="out")
@@ -67,7 +72,7 @@ class LayerNormChain(Rule):
                     f"both average a trailing block of dims of a float tensor of known shape with keepdims")
         if self.square == "pow" and scalar(match.value("two")) != 2.0:
             return f"{describe(match.node('square_op'))} does not square (its exponent is not the constant 2)"
-        if scalar(match.value("eps")) is None:
+        if self.has_eps and scalar(match.value("eps")) is None:
             eps = match.value("eps").name
             return f"the epsilon {eps!r} added by {describe(match.node('add_eps'))} is not a constant"
         for key in ("gamma", "beta"):
@@ -89,11 +94,13 @@ class LayerNormChain(Rule):
             inputs.append(graph.add_initializer(f"{match.node('div').name}_bias", beta))
         return graph.add_node("LayerNormalization", inputs, outputs=[match.value("out")],
                               name=match.node("div").name, before=match.node("div"),
-                              attributes={"axis": axis, "epsilon": scalar(match.value("eps"))})
+                              attributes={"axis": axis,
+                                          "epsilon": scalar(match.value("eps")) if self.has_eps else 0.0})
 
 
 @register_pass(name="layer_norm_fuse", peer="onnxruntime", kind=PassKind.PROGRAM, level=1,
                description="turn LayerNormalization written out as ReduceMean/Sub/Pow/Sqrt/Div into the op "
                            "(opset 17+)")
 def layer_norm_fuse(ctx: PassContext) -> PassResult:
-    return apply_rules(ctx, [LayerNormChain(square, affine) for affine in AFFINE for square in ("pow", "mul")])
+    return apply_rules(ctx, [LayerNormChain(square, affine, has_eps) for has_eps in (True, False)
+                             for affine in AFFINE for square in ("pow", "mul")])
