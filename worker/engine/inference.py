@@ -16,7 +16,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import shape_inference
+from onnx import numpy_helper, shape_inference
 
 from worker.engine.errors import OptionsError
 from worker.engine.evaluate import evaluate
@@ -347,7 +347,7 @@ def _node_shapes(node, opset: int) -> dict[Value, Shape]:
             inferred = _function_shapes(proto, inputs, opset)
         else:
             schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
-            data = {v.name: onnx.numpy_helper.from_array(np.asarray(v.constant_value()), v.name)
+            data = {v.name: numpy_helper.from_array(np.asarray(v.constant_value()), v.name)
                     for v in inputs if v.is_constant and (v.numel() or 0) <= MAX_EVALUATED}
             inferred = shape_inference.infer_node_outputs(
                 schema, proto, {v.name: value_info_proto(v).type for v in inputs}, data,
@@ -716,7 +716,7 @@ def _substitute_known(graph: onnx.GraphProto, known: dict[str, np.ndarray]) -> N
     for node in graph.node:
         outputs = [o for o in node.output if o]
         if outputs and all(o in known for o in outputs):
-            graph.initializer.extend(onnx.numpy_helper.from_array(known[o], o) for o in outputs)
+            graph.initializer.extend(numpy_helper.from_array(known[o], o) for o in outputs)
         else:
             kept.append(node)
     del graph.node[:]

@@ -52,6 +52,24 @@ def _transposed_keys(graph, k4, before: Node, name: str):
     return swap, kt
 
 
+def _softmax_refusal(ctx: PassContext, softmax: Node) -> str | None:
+    if ctx.opset() < 13 or softmax.attr("axis", -1) not in (-1, 2):
+        return "the Softmax does not normalize the last axis alone (opset 13+)"
+    return None
+
+
+def _weighted_values(match: Match, before: Node) -> list[Node]:
+    """MatMul(Softmax(s4), v4) writing the pattern's y4, in place of the merged Softmax and MatMul."""
+    graph, values, softmax, s4 = match.graph, match.node("values"), match.node("softmax"), match.value("s4")
+    normalized = graph.add_node("Softmax", [s4], [f"{softmax.name}_heads"], name=softmax.name,
+                                attributes={"axis": -1}, before=before)
+    w4 = normalized.output(0)
+    w4.dtype, w4.shape = softmax.output(0).dtype, s4.shape
+    matmul = graph.add_node("MatMul", [w4, match.value("v4")], [match.value("y4")], name=values.name,
+                            before=before)
+    return [normalized, matmul]
+
+
 class MergedHeadsScores(Rule):
     """MatMul(Reshape(q4, (n, s, d)), Transpose(Reshape(k4, (n, t, d)), (0, 2, 1))) -> Reshape(MatMul(q4,
     Transpose(k4, (0, 1, 3, 2))), (n, s, t))."""
@@ -134,8 +152,9 @@ class MergedHeadsWeights(Rule):
     def check(self, ctx: PassContext, match: Match) -> bool | str:
         s4, v4, y4 = match.value("s4"), match.value("v4"), match.value("y4")
         softmax = match.node("softmax")
-        if ctx.opset() < 13 or softmax.attr("axis", -1) not in (-1, 2):
-            return "the Softmax does not normalize the last axis alone (opset 13+)"
+        refusal = _softmax_refusal(ctx, softmax)
+        if refusal:
+            return refusal
         if not merges_heads(s4, softmax.input(0)) or not merges_heads(v4, match.node("v_merge").output(0)):
             return "the scores and values are not 4-D tensors of static shape with their leading two axes merged"
         if s4.shape[:2] != v4.shape[:2] or s4.shape[3] != v4.shape[2]:
@@ -145,15 +164,7 @@ class MergedHeadsWeights(Rule):
         return True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> list[Node]:
-        graph, values, split = match.graph, match.node("values"), match.node("split")
-        s4, softmax = match.value("s4"), match.node("softmax")
-        normalized = graph.add_node("Softmax", [s4], [f"{softmax.name}_heads"], name=softmax.name,
-                                    attributes={"axis": -1}, before=split)
-        w4 = normalized.output(0)
-        w4.dtype, w4.shape = softmax.output(0).dtype, s4.shape
-        matmul = graph.add_node("MatMul", [w4, match.value("v4")], [match.value("y4")], name=values.name,
-                                before=split)
-        return [normalized, matmul]
+        return _weighted_values(match, before=match.node("split"))
 
 
 class BroadcastWeightsValues(Rule):
@@ -172,8 +183,9 @@ class BroadcastWeightsValues(Rule):
     def check(self, ctx: PassContext, match: Match) -> bool | str:
         s4, v = match.value("s4"), static_shape(match.value("v4"))
         softmax = match.node("softmax")
-        if ctx.opset() < 13 or softmax.attr("axis", -1) not in (-1, 2):
-            return "the Softmax does not normalize the last axis alone (opset 13+)"
+        refusal = _softmax_refusal(ctx, softmax)
+        if refusal:
+            return refusal
         if v is None or len(v) != 4 or not merges_heads(s4, softmax.input(0)) or s4.shape[0] != 1:
             return "the values are not 4-D or the scores are not (1, heads, seq, keys) with their leading axes merged"
         if s4.shape[1] != v[1] or s4.shape[3] != v[2]:
@@ -181,15 +193,7 @@ class BroadcastWeightsValues(Rule):
         return True
 
     def rewrite(self, ctx: PassContext, match: Match, plan: bool) -> list[Node]:
-        graph, values, softmax = match.graph, match.node("values"), match.node("softmax")
-        s4 = match.value("s4")
-        normalized = graph.add_node("Softmax", [s4], [f"{softmax.name}_heads"], name=softmax.name,
-                                    attributes={"axis": -1}, before=values)
-        w4 = normalized.output(0)
-        w4.dtype, w4.shape = softmax.output(0).dtype, s4.shape
-        matmul = graph.add_node("MatMul", [w4, match.value("v4")], [match.value("y4")], name=values.name,
-                                before=values)
-        return [normalized, matmul]
+        return _weighted_values(match, before=match.node("values"))
 
 
 @register_pass(name="fuse_merged_heads_attention", kind=PassKind.PROGRAM, level=1,
